@@ -1,0 +1,35 @@
+# Two commands do all set-up: `make demo` and `make test`.
+PY ?= python3
+VENV := .venv
+BIN := $(VENV)/bin
+STAMP := $(VENV)/.installed
+
+.PHONY: demo test lint install clean
+
+$(BIN)/python:
+	$(PY) -m venv $(VENV)
+
+# torch is pinned first and alone: its CPU wheel lies on local disk, an unpinned
+# torch would pull a multi-GB CUDA build. numpy is named because the torch wheel
+# does not pull it in.
+$(STAMP): pyproject.toml | $(BIN)/python
+	$(BIN)/python -m pip install -q --upgrade pip
+	$(BIN)/python -m pip install -q torch==2.13.0 numpy
+	$(BIN)/python -m pip install -q -e '.[dev]'
+	touch $(STAMP)
+
+install: $(STAMP)
+
+lint: $(STAMP)
+	$(BIN)/ruff check recovery recipes tests train.py benchmarks
+	$(BIN)/ruff format --check recovery recipes tests train.py benchmarks
+	$(BIN)/mypy
+
+test: $(STAMP) lint
+	$(BIN)/python -m pytest -q
+
+demo: $(STAMP)
+	PATH="$(CURDIR)/$(BIN):$$PATH" $(BIN)/python -m recipes.demo
+
+clean:
+	rm -rf $(VENV) .demo

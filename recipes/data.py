@@ -1,0 +1,148 @@
+"""The interaction log the embedding recipe trains on, generated deterministically.
+
+Users and items get seeded latent factors; each interaction is a (user, item)
+pair, users uniform and items drawn by a Zipf-like popularity, labelled 1 with
+probability sigmoid(scale * <u, v> + noise). The log is written as several
+safetensors shard files plus ``meta.json``, into a temp directory renamed into
+place, so an interrupted ``prepare`` never leaves half a dataset. Same config,
+same bytes: the dataset's digest is a stable version.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import os
+import shutil
+import uuid
+from dataclasses import asdict, dataclass
+from pathlib import Path
+
+import numpy as np
+import safetensors.numpy
+import torch
+
+from recovery.errors import ConfigError
+
+log = logging.getLogger(__name__)
+
+META_FILE = "meta.json"
+
+
+@dataclass(kw_only=True)
+class DataConfig:
+    """How the interaction log is generated and where it lives."""
+
+    root: str = "data/interactions"
+    """Directory of the shard files."""
+    num_users: int = 2000
+    num_items: int = 1000
+    num_interactions: int = 100_000
+    shards: int = 4
+    """Number of shard files the log is split into."""
+    latent_dim: int = 8
+    """Rank of the hidden user/item factors the labels come from."""
+    signal: float = 3.0
+    """Scale of the latent dot product in the label logit."""
+    noise: float = 0.5
+    """Std of the Gaussian noise added to the label logit."""
+    seed: int = 1234
+    """Generation seed (independent of the training seed)."""
+
+    def __post_init__(self) -> None:
+        for name in ("num_users", "num_items", "num_interactions", "shards", "latent_dim"):
+            if getattr(self, name) <= 0:
+                raise ConfigError(f"recipe.data.{name}: must be positive, got {getattr(self, name)}")
+        if self.shards > self.num_interactions:
+            raise ConfigError(
+                f"recipe.data.shards: {self.shards} shards for {self.num_interactions} interactions"
+            )
+
+
+@dataclass(frozen=True)
+class Interactions:
+    """The whole log in memory, indexed by example id."""
+
+    users: torch.Tensor
+    items: torch.Tensor
+    labels: torch.Tensor
+
+    def __len__(self) -> int:
+        return int(self.users.shape[0])
+
+
+def _identity(cfg: DataConfig) -> dict[str, object]:
+    spec = asdict(cfg)
+    spec.pop("root")
+    return spec
+
+
+def generate(cfg: DataConfig) -> Path:
+    """Write the log's shards and ``meta.json`` under ``cfg.root`` atomically."""
+    rng = np.random.default_rng(cfg.seed)
+    scale = 1.0 / np.sqrt(np.sqrt(cfg.latent_dim))
+    user_f = rng.normal(size=(cfg.num_users, cfg.latent_dim)) * scale
+    item_f = rng.normal(size=(cfg.num_items, cfg.latent_dim)) * scale
+    popularity = 1.0 / np.arange(1, cfg.num_items + 1) ** 0.8
+    popularity /= popularity.sum()
+    users = rng.integers(0, cfg.num_users, size=cfg.num_interactions)
+    items = rng.permutation(cfg.num_items)[rng.choice(cfg.num_items, size=cfg.num_interactions, p=popularity)]
+    logit = cfg.signal * np.einsum("nd,nd->n", user_f[users], item_f[items])
+    logit += cfg.noise * rng.normal(size=cfg.num_interactions)
+    labels = (rng.random(cfg.num_interactions) < 1.0 / (1.0 + np.exp(-logit))).astype(np.float32)
+
+    root = Path(cfg.root)
+    root.parent.mkdir(parents=True, exist_ok=True)
+    tmp = root.with_name(f"{root.name}.tmp-{uuid.uuid4().hex[:8]}")
+    tmp.mkdir()
+    try:
+        bounds = np.linspace(0, cfg.num_interactions, cfg.shards + 1).astype(np.int64)
+        for s in range(cfg.shards):
+            lo, hi = bounds[s], bounds[s + 1]
+            safetensors.numpy.save_file(
+                {
+                    "user": users[lo:hi].astype(np.int64),
+                    "item": items[lo:hi].astype(np.int64),
+                    "label": labels[lo:hi],
+                },
+                str(tmp / f"shard-{s:05d}.safetensors"),
+            )
+        (tmp / META_FILE).write_text(json.dumps(_identity(cfg), indent=1, sort_keys=True) + "\n")
+        if root.exists():
+            shutil.rmtree(root)
+        os.rename(tmp, root)
+    except BaseException:
+        shutil.rmtree(tmp, ignore_errors=True)
+        raise
+    log.info("generated %d interactions in %d shards at %s", cfg.num_interactions, cfg.shards, root)
+    return root
+
+
+def load(cfg: DataConfig, *, create: bool = True) -> Interactions:
+    """Read the log from ``cfg.root``, generating it first if absent and ``create``.
+
+    Raises:
+        ConfigError: the directory holds a log generated with other settings.
+        FileNotFoundError: absent and not ``create``.
+    """
+    root = Path(cfg.root)
+    meta_path = root / META_FILE
+    if not meta_path.exists():
+        if not create:
+            raise FileNotFoundError(f"{meta_path}: no interaction log; run `dvc repro prepare`")
+        generate(cfg)
+    found = json.loads(meta_path.read_text())
+    if found != _identity(cfg):
+        diff = {k: (found.get(k), v) for k, v in _identity(cfg).items() if found.get(k) != v}
+        raise ConfigError(
+            f"{meta_path}: the log there was generated with other settings "
+            f"(key: (on disk, config)) {diff}; delete {root} or point recipe.data.root elsewhere"
+        )
+    parts = [safetensors.numpy.load_file(str(p)) for p in sorted(root.glob("shard-*.safetensors"))]
+    if len(parts) != cfg.shards:
+        raise ConfigError(f"{root}: expected {cfg.shards} shard files, found {len(parts)}")
+    return Interactions(
+        users=torch.from_numpy(np.concatenate([p["user"] for p in parts])),
+        items=torch.from_numpy(np.concatenate([p["item"] for p in parts])),
+        labels=torch.from_numpy(np.concatenate([p["label"] for p in parts])),
+    )

@@ -1,0 +1,135 @@
+"""Atomic commit of a checkpoint directory.
+
+Protocol (POSIX): write every file into ``<final>.tmp-<id>/`` beside the final
+place, hashing each chunk as it is written and fsyncing each file; write the
+manifest last and fsync it; fsync the temp directory; ``rename`` it to
+``<final>``; fsync the parent. A reader that finds ``<final>`` therefore finds
+every byte the manifest lists; a crash at any earlier point leaves only a temp
+directory, which discovery ignores and :func:`remove_stale` deletes.
+
+If ``<final>`` already exists (a step re-saved after resuming from an earlier
+checkpoint, or a corrupt directory left by a fault), it is first renamed aside,
+then the new directory is renamed in, then the old one is deleted: at no point
+is there a moment without a complete checkpoint of every other step.
+
+Rejected: a ``latest`` pointer file updated after the rename. It is a second
+thing to keep consistent, and a crash between the two leaves it wrong.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import logging
+import os
+import shutil
+from collections.abc import Mapping
+from pathlib import Path
+from typing import Any
+
+from recovery import faults, manifest
+from recovery.errors import CommitError
+from recovery.layout import MANIFEST_FILE, aside_dir_for, scan, temp_dir_for
+from recovery.manifest import FileRecord, Manifest
+
+log = logging.getLogger(__name__)
+
+CHUNK = 4 << 20
+
+
+def fsync_dir(path: Path) -> None:
+    """Make a directory's entries (creations, renames) durable."""
+    fd = os.open(path, os.O_RDONLY | os.O_DIRECTORY)
+    try:
+        os.fsync(fd)
+    finally:
+        os.close(fd)
+
+
+def write_file(path: Path, data: bytes, *, fault_point: str | None = None) -> FileRecord:
+    """Write ``data`` to a new file, hashing while writing, and fsync it.
+
+    Args:
+        path: the new file (must not exist).
+        data: its bytes.
+        fault_point: a :mod:`recovery.faults` point reached half-way through.
+    """
+    h = hashlib.sha256()
+    view = memoryview(data)
+    half = len(view) // 2
+    with open(path, "xb") as fh:
+        for start in range(0, len(view), CHUNK):
+            chunk = view[start : start + CHUNK]
+            h.update(chunk)
+            fh.write(chunk)
+            if fault_point and start <= half < start + CHUNK:
+                fh.flush()
+                faults.reach(fault_point)
+        fh.flush()
+        os.fsync(fh.fileno())
+    return FileRecord(path.name, h.hexdigest(), len(view))
+
+
+def commit(final: Path, files: Mapping[str, bytes], recovery: dict[str, Any]) -> Manifest:
+    """Write ``files`` and their manifest, then atomically publish them as ``final``.
+
+    Args:
+        final: the committed directory's path (its parent must exist).
+        files: file name -> bytes, written in this order.
+        recovery: the manifest's ``recovery`` predicate (must hold ``step``).
+
+    Returns:
+        The manifest that was committed.
+
+    Raises:
+        CommitError: the write failed; the temp directory is removed and every
+            previously committed checkpoint is untouched.
+    """
+    step = recovery["step"]
+    tmp = temp_dir_for(final)
+    try:
+        tmp.mkdir()
+        records = []
+        for i, (name, data) in enumerate(files.items()):
+            point = f"commit-write-{step}" if i == 0 else None
+            records.append(write_file(tmp / name, data, fault_point=point))
+        faults.reach(f"commit-before-manifest-{step}")
+        statement = manifest.build(final.name, records, recovery)
+        write_file(tmp / MANIFEST_FILE, manifest.seal(statement))
+        fsync_dir(tmp)
+        faults.reach(f"commit-before-rename-{step}")
+        aside = None
+        if final.exists():
+            aside = aside_dir_for(final)
+            log.warning("replacing existing %s (moved aside to %s, then deleted)", final, aside.name)
+            os.rename(final, aside)
+        os.rename(tmp, final)
+        fsync_dir(final.parent)
+        if aside is not None:
+            shutil.rmtree(aside, ignore_errors=True)
+    except OSError as err:
+        shutil.rmtree(tmp, ignore_errors=True)
+        raise CommitError(
+            f"could not commit checkpoint {final}: {err}. Earlier checkpoints are intact; "
+            "check free space and permissions of the checkpoint root.",
+            path=final,
+        ) from err
+    except BaseException:
+        shutil.rmtree(tmp, ignore_errors=True)
+        raise
+    return manifest.parse(manifest.seal(statement), where=final)
+
+
+def remove_stale(run_dir: Path) -> list[Path]:
+    """Delete temp and aside directories left by interrupted commits; warn for each.
+
+    Only one process may write checkpoints into a run directory at a time, so
+    any temp directory seen by a starting run is a dead write.
+    """
+    removed = []
+    for path in scan(run_dir).stale:
+        log.warning(
+            "removing %s: an interrupted checkpoint write that never committed", path
+        )
+        shutil.rmtree(path, ignore_errors=True)
+        removed.append(path)
+    return removed

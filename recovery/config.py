@@ -1,0 +1,109 @@
+"""Typed schemas for the config groups, validated once at the edge.
+
+Hydra composes plain YAML; :func:`typed` merges a composed node onto its
+dataclass schema (OmegaConf checks key names and types) and builds the
+dataclass, whose ``__post_init__`` checks ranges. After that, code receives
+dataclasses, never raw config nodes.
+"""
+
+from __future__ import annotations
+
+import re
+from dataclasses import dataclass
+from typing import Any, TypeVar
+
+from omegaconf import DictConfig, OmegaConf
+from omegaconf.errors import OmegaConfBaseException
+
+from recovery.errors import ConfigError
+
+T = TypeVar("T")
+
+_RUN_NAME = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._-]*$")
+
+
+@dataclass(kw_only=True)
+class CheckpointConfig:
+    """Where and when checkpoints are written, and which are kept."""
+
+    root: str = "checkpoints"
+    """Directory holding one sub-directory per run (``<root>/<run.name>``)."""
+    every_steps: int = 100
+    """Save after every multiple of this many optimizer steps; 0 saves only at the end."""
+    keep_last: int = 3
+    """How many most recent checkpoints to keep (at least 2, so a corrupt newest one has a fallback)."""
+    keep_every: int = 0
+    """Steps that are multiples of this are milestones, kept forever; 0 keeps none."""
+
+    def __post_init__(self) -> None:
+        if not self.root:
+            raise ConfigError("checkpoint.root: must be a directory path, got an empty string")
+        if self.every_steps < 0:
+            raise ConfigError(f"checkpoint.every_steps: must be >= 0, got {self.every_steps}")
+        if self.keep_last < 2:
+            raise ConfigError(
+                f"checkpoint.keep_last: must be >= 2 so a corrupt newest checkpoint "
+                f"has a verified fallback, got {self.keep_last}"
+            )
+        if self.keep_every < 0:
+            raise ConfigError(f"checkpoint.keep_every: must be >= 0, got {self.keep_every}")
+
+
+@dataclass(kw_only=True)
+class RunConfig:
+    """Identity of the run."""
+
+    name: str = "default"
+    """Run name; the run directory is ``<checkpoint.root>/<name>``."""
+
+    def __post_init__(self) -> None:
+        if not _RUN_NAME.match(self.name) or ".." in self.name:
+            raise ConfigError(
+                f"run.name: {self.name!r} must be a plain directory name "
+                "(letters, digits, '.', '_', '-'; no '/')"
+            )
+
+
+@dataclass(kw_only=True)
+class TrainConfig:
+    """The length of the training loop."""
+
+    steps: int = 1200
+    """Total optimizer steps of the run (a resumed run continues up to this)."""
+    log_every: int = 100
+    """Log a progress line every this many steps."""
+
+    def __post_init__(self) -> None:
+        if self.steps <= 0:
+            raise ConfigError(f"train.steps: must be positive, got {self.steps}")
+        if self.log_every <= 0:
+            raise ConfigError(f"train.log_every: must be positive, got {self.log_every}")
+
+
+def typed(schema: type[T], node: Any, *, key: str) -> T:
+    """Validate ``node`` (a config node or dict) against ``schema`` and build it.
+
+    Args:
+        schema: a dataclass type.
+        node: the composed config node for it.
+        key: its dotted key, for messages.
+
+    Raises:
+        ConfigError: naming the key, the bad value and the reason.
+    """
+    try:
+        merged = OmegaConf.merge(OmegaConf.structured(schema), node if node is not None else {})
+        obj = OmegaConf.to_object(merged)
+    except OmegaConfBaseException as err:
+        cause = err.__cause__ if isinstance(err.__cause__, ConfigError) else None
+        if cause is not None:
+            raise cause from None
+        raise ConfigError(f"{key}: {err}") from err
+    if not isinstance(obj, schema):
+        raise ConfigError(f"{key}: expected a {schema.__name__} mapping, found {type(obj).__name__}")
+    return obj
+
+
+def resolved_yaml(cfg: DictConfig) -> str:
+    """The fully resolved config as YAML text (Hydra's own saved copy is unresolved)."""
+    return OmegaConf.to_yaml(cfg, resolve=True)

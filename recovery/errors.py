@@ -1,0 +1,102 @@
+"""One exception tree for the whole library.
+
+Every class also subclasses the matching built-in, so callers that only know
+``FileNotFoundError`` or ``ValueError`` still catch the right things. Messages
+are built by the raiser and name the file, what was expected, what was found
+and what to do. Only ``recovery.cli`` maps these classes to exit codes.
+
+::
+
+    RecoveryError(Exception)
+    ├── ConfigError(ValueError)                 a config value is out of range
+    ├── CheckpointNotFoundError(FileNotFoundError)
+    ├── RunDirInUseError(FileExistsError)       fresh run into a dir holding checkpoints
+    ├── CommitError(OSError)                    a save could not be committed
+    ├── VerificationError(ValueError)           the bytes on disk are not what was committed
+    │   ├── ManifestError                       manifest missing, unreadable or malformed
+    │   ├── UnsafePathError                     ``..``, absolute path or symlink
+    │   ├── MissingFileError                    listed file absent
+    │   ├── ExtraFileError                      unlisted file present
+    │   ├── TruncatedFileError                  size differs from the manifest
+    │   └── DigestMismatchError                 sha256 differs from the manifest
+    ├── FormatError(ValueError)                 verified bytes that do not decode
+    └── IncompatibleStateError(ValueError)      checkpoint does not fit this run
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+
+class RecoveryError(Exception):
+    """Base of every error this library raises.
+
+    Attributes:
+        path: the file or directory the error is about, when there is one.
+    """
+
+    def __init__(self, message: str, *, path: str | Path | None = None) -> None:
+        super().__init__(message)
+        self.path = Path(path) if path is not None else None
+
+
+class ConfigError(RecoveryError, ValueError):
+    """A configuration value is missing, of the wrong type or out of range."""
+
+
+class CheckpointNotFoundError(RecoveryError, FileNotFoundError):
+    """The requested checkpoint (step, path or ``latest``) does not exist."""
+
+
+class RunDirInUseError(RecoveryError, FileExistsError):
+    """A fresh run was pointed at a run directory that already holds checkpoints."""
+
+
+class CommitError(RecoveryError, OSError):
+    """A checkpoint could not be written and committed; earlier ones are intact."""
+
+
+class VerificationError(RecoveryError, ValueError):
+    """A checkpoint's bytes do not match what its manifest says was committed."""
+
+
+class ManifestError(VerificationError):
+    """The manifest is missing (an uncommitted directory), unreadable or malformed."""
+
+
+class UnsafePathError(VerificationError):
+    """A manifest entry escapes the directory, or the directory holds a symlink."""
+
+
+class MissingFileError(VerificationError):
+    """A file listed in the manifest is absent."""
+
+
+class ExtraFileError(VerificationError):
+    """A file is present that the manifest does not list."""
+
+
+class TruncatedFileError(VerificationError):
+    """A file's size differs from the size recorded in the manifest."""
+
+
+class DigestMismatchError(VerificationError):
+    """A file's sha256 differs from the digest recorded in the manifest."""
+
+
+class FormatError(RecoveryError, ValueError):
+    """Verified bytes that cannot be decoded as the format they claim to be."""
+
+
+class IncompatibleStateError(RecoveryError, ValueError):
+    """A checkpoint whose state does not fit the current run.
+
+    Attributes:
+        mismatches: every difference found, one human-readable line each.
+    """
+
+    def __init__(
+        self, message: str, *, mismatches: list[str], path: str | Path | None = None
+    ) -> None:
+        super().__init__(message, path=path)
+        self.mismatches = mismatches

@@ -1,0 +1,66 @@
+"""The per-step record: ``<run dir>/metrics.jsonl``, append-only JSON lines.
+
+One line per optimizer step (``step``, ``epoch``, ``loss``, ``lr``, ``batch``
+and whatever else the recipe adds) and one line per event
+(``{"event": "resume", ...}``). A run killed between checkpoints has already
+written lines for steps that its resume will redo; the file keeps both, in
+order, and :func:`effective_steps` reads it as "the last record of each step
+wins", which is the history of the run that survived.
+
+Lines are flushed to the OS as they are written, so a SIGKILL loses none of
+them; a torn last line (power loss) is skipped when reading and a newline is
+written before the next append so it cannot corrupt the next record.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+from pathlib import Path
+from typing import IO, Any
+
+log = logging.getLogger(__name__)
+
+
+class Journal:
+    """Appends records to a JSON-lines file."""
+
+    def __init__(self, path: Path) -> None:
+        self.path = path
+        path.parent.mkdir(parents=True, exist_ok=True)
+        needs_newline = path.exists() and path.stat().st_size > 0 and not _ends_with_newline(path)
+        self._fh: IO[str] = open(path, "a", encoding="utf-8")  # noqa: SIM115 - held open for the run
+        if needs_newline:
+            self._fh.write("\n")
+
+    def write(self, record: dict[str, Any]) -> None:
+        """Append one record and flush it to the OS."""
+        self._fh.write(json.dumps(record, separators=(",", ":")) + "\n")
+        self._fh.flush()
+
+    def close(self) -> None:
+        self._fh.close()
+
+
+def _ends_with_newline(path: Path) -> bool:
+    with open(path, "rb") as fh:
+        fh.seek(-1, 2)
+        return fh.read(1) == b"\n"
+
+
+def read(path: Path) -> list[dict[str, Any]]:
+    """Every parseable record, in file order (a torn line is skipped with a warning)."""
+    records = []
+    for n, line in enumerate(path.read_text(encoding="utf-8").splitlines(), 1):
+        if not line.strip():
+            continue
+        try:
+            records.append(json.loads(line))
+        except json.JSONDecodeError:
+            log.warning("%s:%d: skipping a torn record", path, n)
+    return records
+
+
+def effective_steps(path: Path) -> dict[int, dict[str, Any]]:
+    """Step -> the last record written for that step."""
+    return {int(r["step"]): r for r in read(path) if "step" in r and "event" not in r}

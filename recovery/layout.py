@@ -1,0 +1,78 @@
+"""Names on disk and discovery of committed checkpoints.
+
+A run directory holds ``step-NNNNNNNN/`` (committed), ``step-NNNNNNNN.tmp-<id>/``
+(being written, or left by a crash) and ``metrics.jsonl``. "Latest" is found by
+scanning names, never through a mutable pointer file that a crash could leave
+pointing at a half-written directory.
+"""
+
+from __future__ import annotations
+
+import re
+import uuid
+from dataclasses import dataclass
+from pathlib import Path
+
+STEP_PREFIX = "step-"
+TEMP_MARK = ".tmp-"
+ASIDE_MARK = ".aside-"
+MANIFEST_FILE = "manifest.json"
+STATE_FILE = "state.json"
+CONFIG_FILE = "config.yaml"
+METRICS_FILE = "metrics.jsonl"
+TENSOR_SUFFIX = ".safetensors"
+
+_COMMITTED = re.compile(r"^step-(\d{8,})$")
+_TEMP = re.compile(r"^step-(\d{8,})\.(tmp|aside)-[0-9a-f]+$")
+
+
+def step_dir_name(step: int) -> str:
+    """``step-00001200`` for step 1200."""
+    return f"{STEP_PREFIX}{step:08d}"
+
+
+def tensor_file(component: str) -> str:
+    """The file that holds a component's tensors."""
+    return f"{component}{TENSOR_SUFFIX}"
+
+
+def temp_dir_for(final: Path) -> Path:
+    """A unique temporary directory beside ``final`` (same filesystem, so rename is atomic)."""
+    return final.with_name(f"{final.name}{TEMP_MARK}{uuid.uuid4().hex[:12]}")
+
+
+def aside_dir_for(final: Path) -> Path:
+    """A unique name to move an existing ``final`` aside to before replacing it."""
+    return final.with_name(f"{final.name}{ASIDE_MARK}{uuid.uuid4().hex[:12]}")
+
+
+def parse_step(name: str) -> int | None:
+    """The step of a committed directory name, ``None`` for any other name."""
+    match = _COMMITTED.match(name)
+    return int(match.group(1)) if match else None
+
+
+@dataclass(frozen=True)
+class Listing:
+    """What a scan of a run directory found."""
+
+    committed: list[tuple[int, Path]]
+    """Committed directories, oldest step first (not yet verified)."""
+    stale: list[Path]
+    """Temporary or aside directories: writes that never committed."""
+
+
+def scan(run_dir: Path) -> Listing:
+    """List the checkpoint directories in ``run_dir`` (missing dir: empty listing)."""
+    committed: list[tuple[int, Path]] = []
+    stale: list[Path] = []
+    if not run_dir.is_dir():
+        return Listing([], [])
+    for entry in run_dir.iterdir():
+        step = parse_step(entry.name)
+        if step is not None and entry.is_dir() and not entry.is_symlink():
+            committed.append((step, entry))
+        elif _TEMP.match(entry.name):
+            stale.append(entry)
+    committed.sort()
+    return Listing(committed, sorted(stale))

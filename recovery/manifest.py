@@ -1,0 +1,160 @@
+"""The manifest: one statement of what a committed directory holds.
+
+The statement is an in-toto Statement v1 whose predicate follows the OpenSSF
+model-signing v1.0 layout (``serialization`` + ``resources`` with one sha256
+per file, and the subject digest = sha256 over the concatenated raw file
+digests in listed order). Our own fields ride in one extra predicate field,
+``recovery``: format version, step, purpose, run id, file sizes, metrics and,
+later, provenance. Verifiers of that format ignore unknown fields.
+
+The statement is *sealed* into the last file written to the directory. Today
+the seal is the canonical JSON of the statement in ``manifest.json``; the
+signing layer wraps the very same statement in a DSSE envelope instead, so the
+signature slots in as the last file without changing what is hashed.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+from dataclasses import dataclass, field
+from pathlib import Path, PurePosixPath
+from typing import Any
+
+from recovery.errors import ManifestError, UnsafePathError
+from recovery.layout import MANIFEST_FILE
+
+STATEMENT_TYPE = "https://in-toto.io/Statement/v1"
+PREDICATE_TYPE = "https://model_signing/signature/v1.0"
+FORMAT_VERSION = 1
+SIGNATURE_FILE = "model.sig"
+
+
+@dataclass(frozen=True)
+class FileRecord:
+    """One committed file: relative posix name, sha256 hex digest, size in bytes."""
+
+    name: str
+    sha256: str
+    size: int
+
+
+@dataclass(frozen=True)
+class Manifest:
+    """A parsed, structurally valid statement."""
+
+    subject: str
+    root: str
+    files: list[FileRecord]
+    recovery: dict[str, Any] = field(default_factory=dict)
+
+    @property
+    def step(self) -> int:
+        return int(self.recovery.get("step", -1))
+
+
+def root_digest(files: list[FileRecord]) -> str:
+    """sha256 over the concatenated raw digests, in listed order."""
+    h = hashlib.sha256()
+    for rec in files:
+        h.update(bytes.fromhex(rec.sha256))
+    return h.hexdigest()
+
+
+def check_relpath(name: str, *, where: Path) -> None:
+    """Refuse a manifest name that is not a plain relative path inside the directory.
+
+    Raises:
+        UnsafePathError: absolute, ``..``, empty, backslash or non-normal names.
+    """
+    pure = PurePosixPath(name)
+    if (
+        not name
+        or "\\" in name
+        or "\x00" in name
+        or pure.is_absolute()
+        or ".." in pure.parts
+        or str(pure) != name
+        or name.startswith("./")
+    ):
+        raise UnsafePathError(
+            f"{where}: manifest lists '{name}', expected a plain relative path inside the "
+            "directory; refusing to read outside it. The manifest was not written by this tool.",
+            path=where,
+        )
+
+
+def build(subject: str, files: list[FileRecord], recovery: dict[str, Any]) -> dict[str, Any]:
+    """Build the statement for a directory named ``subject`` holding ``files``."""
+    ordered = sorted(files, key=lambda r: r.name)
+    extra = dict(recovery)
+    extra["format"] = FORMAT_VERSION
+    extra["sizes"] = {r.name: r.size for r in ordered}
+    return {
+        "_type": STATEMENT_TYPE,
+        "subject": [{"name": subject, "digest": {"sha256": root_digest(ordered)}}],
+        "predicateType": PREDICATE_TYPE,
+        "predicate": {
+            "serialization": {
+                "method": "files",
+                "hash_type": "sha256",
+                "allow_symlinks": False,
+                "ignore_paths": [SIGNATURE_FILE],
+            },
+            "resources": [
+                {"name": r.name, "algorithm": "sha256", "digest": r.sha256} for r in ordered
+            ],
+            "recovery": extra,
+        },
+    }
+
+
+def seal(statement: dict[str, Any]) -> bytes:
+    """The bytes of the last file written: canonical JSON of the statement."""
+    return json.dumps(statement, sort_keys=True, indent=1, allow_nan=False).encode() + b"\n"
+
+
+def parse(data: bytes, *, where: Path) -> Manifest:
+    """Parse and structurally check sealed manifest bytes.
+
+    Raises:
+        ManifestError: not JSON, not a statement of this type, or inconsistent.
+        UnsafePathError: a resource name escapes the directory.
+    """
+    file = where / MANIFEST_FILE
+
+    def bad(what: str) -> ManifestError:
+        return ManifestError(
+            f"{file}: {what}. The directory cannot be trusted; resume from another checkpoint.",
+            path=file,
+        )
+
+    try:
+        st = json.loads(data)
+    except (UnicodeDecodeError, json.JSONDecodeError) as err:
+        raise bad(f"expected a JSON in-toto statement, found undecodable bytes ({err})") from err
+    if not isinstance(st, dict) or st.get("_type") != STATEMENT_TYPE:
+        raise bad(f"expected _type {STATEMENT_TYPE!r}")
+    if st.get("predicateType") != PREDICATE_TYPE:
+        raise bad(f"expected predicateType {PREDICATE_TYPE!r}, found {st.get('predicateType')!r}")
+    try:
+        subject = st["subject"][0]
+        pred = st["predicate"]
+        extra = pred.get("recovery", {})
+        sizes = extra.get("sizes", {})
+        files = []
+        for res in pred["resources"]:
+            if res["algorithm"] != "sha256":
+                raise bad(f"resource {res['name']!r} uses {res['algorithm']!r}, expected sha256")
+            check_relpath(res["name"], where=where)
+            size = sizes.get(res["name"])
+            files.append(FileRecord(res["name"], str(res["digest"]).lower(), int(size) if size is not None else -1))
+        root = str(subject["digest"]["sha256"]).lower()
+        name = str(subject["name"])
+    except (KeyError, IndexError, TypeError, ValueError, AttributeError) as err:
+        raise bad(f"malformed statement ({type(err).__name__}: {err})") from err
+    if len({f.name for f in files}) != len(files):
+        raise bad("a resource is listed twice")
+    if root_digest(files) != root:
+        raise bad(f"subject digest {root} does not match the listed file digests")
+    return Manifest(subject=name, root=root, files=files, recovery=dict(extra))

@@ -1,0 +1,145 @@
+"""Verify a committed directory and hand back exactly the bytes that were hashed.
+
+Nothing is deserialised here: :func:`read_verified` reads each listed file
+once into memory, checks its size and sha256 against the manifest, and returns
+those bytes. Decoders then parse the same bytes, so there is no window between
+"checked" and "used" in which the file could change.
+
+Checks, each with its own error: manifest present and well formed; every
+listed name a plain relative path; no symlinks anywhere in the directory; no
+listed file missing; no unlisted file present; each file's size, then digest.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import os
+import stat
+from dataclasses import dataclass
+from pathlib import Path
+
+from recovery import manifest
+from recovery.errors import (
+    CheckpointNotFoundError,
+    DigestMismatchError,
+    ExtraFileError,
+    ManifestError,
+    MissingFileError,
+    TruncatedFileError,
+    UnsafePathError,
+)
+from recovery.layout import MANIFEST_FILE
+from recovery.manifest import Manifest
+
+
+@dataclass(frozen=True)
+class Verified:
+    """A verified directory: its manifest and the verified bytes of each file."""
+
+    path: Path
+    manifest: Manifest
+    files: dict[str, bytes]
+
+
+def _read_nofollow(path: Path) -> bytes:
+    fd = os.open(path, os.O_RDONLY | os.O_NOFOLLOW)
+    try:
+        with os.fdopen(fd, "rb", closefd=False) as fh:
+            return fh.read()
+    finally:
+        os.close(fd)
+
+
+def _walk(root: Path) -> tuple[set[str], list[str]]:
+    """Regular files under ``root`` as posix relpaths, and every symlink found."""
+    files: set[str] = set()
+    links: list[str] = []
+    stack = [root]
+    while stack:
+        current = stack.pop()
+        for entry in os.scandir(current):
+            rel = Path(entry.path).relative_to(root).as_posix()
+            if entry.is_symlink():
+                links.append(rel)
+            elif entry.is_dir(follow_symlinks=False):
+                stack.append(Path(entry.path))
+            else:
+                files.add(rel)
+    return files, links
+
+
+def read_manifest(path: Path) -> Manifest:
+    """Parse the manifest of the directory ``path`` without checking any file.
+
+    Raises:
+        CheckpointNotFoundError: ``path`` is not a directory.
+        ManifestError: no manifest (an uncommitted directory) or a malformed one.
+    """
+    if path.is_symlink():
+        raise UnsafePathError(f"{path}: is a symlink; expected a checkpoint directory", path=path)
+    if not path.is_dir():
+        raise CheckpointNotFoundError(f"{path}: no such checkpoint directory", path=path)
+    file = path / MANIFEST_FILE
+    try:
+        st = os.lstat(file)
+    except FileNotFoundError:
+        raise ManifestError(
+            f"{file}: missing. The directory was never committed (or the manifest was deleted); "
+            "resume from another checkpoint.",
+            path=file,
+        ) from None
+    if not stat.S_ISREG(st.st_mode):
+        raise UnsafePathError(f"{file}: expected a regular file, found a symlink or special file", path=file)
+    return manifest.parse(_read_nofollow(file), where=path)
+
+
+def read_verified(path: str | Path) -> Verified:
+    """Verify every file of a committed directory and return its bytes.
+
+    Raises:
+        CheckpointNotFoundError, ManifestError, UnsafePathError, MissingFileError,
+        ExtraFileError, TruncatedFileError, DigestMismatchError: the first
+        failure found, naming the file, what was expected and what was found.
+    """
+    path = Path(path)
+    mf = read_manifest(path)
+    present, links = _walk(path)
+    if links:
+        raise UnsafePathError(
+            f"{path}: contains symlink(s) {sorted(links)}; a checkpoint holds regular files only. "
+            "Copy the checkpoint without following links, or resume from another one.",
+            path=path / sorted(links)[0],
+        )
+    listed = {rec.name for rec in mf.files}
+    missing = sorted(listed - present)
+    if missing:
+        raise MissingFileError(
+            f"{path}: manifest lists {missing}, not found on disk; the checkpoint is incomplete. "
+            "Resume from another checkpoint (or fetch it again from its remote).",
+            path=path / missing[0],
+        )
+    extra = sorted(present - listed - {MANIFEST_FILE})
+    if extra:
+        raise ExtraFileError(
+            f"{path}: holds {extra}, which the manifest does not list; something was added after "
+            "the commit. Remove the extra files if you know them, or resume from another checkpoint.",
+            path=path / extra[0],
+        )
+    blobs: dict[str, bytes] = {}
+    for rec in mf.files:
+        data = _read_nofollow(path / rec.name)
+        if rec.size >= 0 and len(data) != rec.size:
+            raise TruncatedFileError(
+                f"{path / rec.name}: expected {rec.size} bytes, found {len(data)}; the file was "
+                "truncated or rewritten. Resume from another checkpoint.",
+                path=path / rec.name,
+            )
+        digest = hashlib.sha256(data).hexdigest()
+        if digest != rec.sha256:
+            raise DigestMismatchError(
+                f"{path / rec.name}: expected sha256 {rec.sha256}, found {digest}; the bytes changed "
+                "after the commit. Resume from another checkpoint.",
+                path=path / rec.name,
+            )
+        blobs[rec.name] = data
+    return Verified(path=path, manifest=mf, files=blobs)

@@ -1,0 +1,113 @@
+"""A resumable, seeded sampler whose whole position is three integers.
+
+The cursor is global: ``(epoch, offset)`` counts examples of the global batch
+stream, and each epoch's order is a permutation drawn from a generator seeded
+by ``(seed, epoch)`` alone. Resuming therefore recomputes the epoch's
+permutation and seeks to ``offset``: no consumed batch is replayed, none is
+skipped, and the order does not depend on any global RNG the training step
+also draws from.
+
+Rejected: a ``DataLoader`` with ``shuffle=True``. Its order comes from the
+global torch generator at iterator creation, and its position cannot be saved.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+import numpy as np
+
+from recovery.errors import ConfigError, IncompatibleStateError
+
+
+class ResumableSampler:
+    """Yields batches of example ids in a seeded per-epoch order.
+
+    A batch never crosses an epoch boundary: the last batch of an epoch is
+    shorter unless ``drop_last``. After the last batch of an epoch the cursor
+    moves to ``(epoch + 1, 0)``, so a checkpoint taken there resumes at the
+    new epoch's first batch.
+
+    Args:
+        num_examples: size of the dataset.
+        batch_size: global batch size.
+        seed: shuffle seed; epoch ``e`` uses the permutation of ``(seed, e)``.
+        drop_last: drop a short final batch of each epoch.
+    """
+
+    def __init__(
+        self, num_examples: int, batch_size: int, seed: int, *, drop_last: bool = False
+    ) -> None:
+        if num_examples <= 0:
+            raise ConfigError(f"sampler: num_examples must be positive, got {num_examples}")
+        if batch_size <= 0:
+            raise ConfigError(f"sampler: batch_size must be positive, got {batch_size}")
+        if drop_last and batch_size > num_examples:
+            raise ConfigError(
+                f"sampler: batch_size {batch_size} exceeds num_examples {num_examples} "
+                "with drop_last: no batch would ever be produced"
+            )
+        self.num_examples = num_examples
+        self.batch_size = batch_size
+        self.seed = seed
+        self.drop_last = drop_last
+        self.epoch = 0
+        self.offset = 0
+        self._order: np.ndarray | None = None
+        self._order_epoch = -1
+
+    def _epoch_end(self) -> int:
+        if self.drop_last:
+            return self.num_examples - self.num_examples % self.batch_size
+        return self.num_examples
+
+    def order(self, epoch: int) -> np.ndarray:
+        """The permutation of example ids for ``epoch`` (pure function of seed and epoch)."""
+        if self._order_epoch != epoch or self._order is None:
+            self._order = np.random.default_rng([self.seed, epoch]).permutation(self.num_examples)
+            self._order_epoch = epoch
+        return self._order
+
+    def next_batch(self) -> tuple[int, np.ndarray]:
+        """Return ``(epoch, ids)`` of the next batch and advance the cursor past it."""
+        epoch = self.epoch
+        end = min(self.offset + self.batch_size, self._epoch_end())
+        ids = self.order(epoch)[self.offset : end].copy()
+        self.offset = end
+        if self.offset >= self._epoch_end():
+            self.epoch += 1
+            self.offset = 0
+        return epoch, ids
+
+    def state_dict(self) -> dict[str, Any]:
+        """The cursor and the parameters that give it meaning."""
+        return {
+            "seed": self.seed,
+            "epoch": self.epoch,
+            "offset": self.offset,
+            "num_examples": self.num_examples,
+            "batch_size": self.batch_size,
+            "drop_last": self.drop_last,
+        }
+
+    def load_state_dict(self, state: dict[str, Any]) -> None:
+        """Seek to a saved cursor.
+
+        Raises:
+            IncompatibleStateError: the saved cursor was taken over a different
+                dataset size, batch size or shuffle seed, so it would point to
+                other examples here.
+        """
+        mismatches = [
+            f"sampler.{key}: checkpoint {state.get(key)!r}, this run {getattr(self, key)!r}"
+            for key in ("seed", "num_examples", "batch_size", "drop_last")
+            if state.get(key) != getattr(self, key)
+        ]
+        if mismatches:
+            raise IncompatibleStateError(
+                "the data cursor in the checkpoint does not fit this run's data: "
+                + "; ".join(mismatches),
+                mismatches=mismatches,
+            )
+        self.epoch = int(state["epoch"])
+        self.offset = int(state["offset"])

@@ -1,0 +1,92 @@
+"""A state tree <-> the files of one checkpoint directory.
+
+Each component's tensors go to ``<component>.safetensors`` (so the model's
+weights are a plain safetensors file any tool can read); every component's
+non-tensor skeleton, the step and the metrics go to ``state.json``; the
+resolved config, when given, to ``config.yaml``.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Any
+
+from recovery import codec
+from recovery.errors import FormatError
+from recovery.layout import CONFIG_FILE, STATE_FILE, TENSOR_SUFFIX, tensor_file
+from recovery.reader import Verified
+
+STATE_FORMAT = 1
+
+
+@dataclass(frozen=True)
+class Decoded:
+    """A checkpoint's state tree and the metadata stored beside it."""
+
+    tree: dict[str, Any]
+    step: int
+    meta: dict[str, Any]
+
+
+def encode(
+    tree: dict[str, Any], *, step: int, meta: dict[str, Any], config_yaml: str | None = None
+) -> dict[str, bytes]:
+    """Serialise a state tree into file name -> bytes, tensor files first, JSON after.
+
+    Args:
+        tree: component name -> state (from ``TrainState.state_dict``).
+        step: the global step this state is at.
+        meta: JSON-able extra fields for ``state.json`` (run id, metrics, ...).
+        config_yaml: the resolved config text, if any.
+    """
+    files: dict[str, bytes] = {}
+    skeletons: dict[str, Any] = {}
+    for name, state in tree.items():
+        skeleton, tensors = codec.split(state)
+        skeletons[name] = skeleton
+        if tensors:
+            files[tensor_file(name)] = codec.tensors_to_bytes(tensors)
+    doc = {"format": STATE_FORMAT, "step": step, "components": skeletons, **meta}
+    files[STATE_FILE] = codec.dumps_json(doc)
+    if config_yaml is not None:
+        files[CONFIG_FILE] = config_yaml.encode()
+    return files
+
+
+def decode(verified: Verified) -> Decoded:
+    """Rebuild the state tree from verified bytes.
+
+    Raises:
+        FormatError: naming the file that does not decode.
+    """
+    where = verified.path
+    if STATE_FILE not in verified.files:
+        raise FormatError(f"{where}: has no {STATE_FILE}; it is not a training checkpoint", path=where)
+    doc = codec.loads_json(verified.files[STATE_FILE], name=str(where / STATE_FILE))
+    if not isinstance(doc, dict) or doc.get("format") != STATE_FORMAT:
+        raise FormatError(
+            f"{where / STATE_FILE}: expected state format {STATE_FORMAT}, "
+            f"found {doc.get('format') if isinstance(doc, dict) else type(doc).__name__}",
+            path=where / STATE_FILE,
+        )
+    tree: dict[str, Any] = {}
+    for name, skeleton in doc["components"].items():
+        fname = tensor_file(name)
+        tensors = (
+            codec.tensors_from_bytes(verified.files[fname], name=str(where / fname))
+            if fname in verified.files
+            else {}
+        )
+        try:
+            tree[name] = codec.join(skeleton, tensors)
+        except FormatError as err:
+            raise FormatError(f"{where / fname}: {err}", path=where / fname) from err
+    meta = {k: v for k, v in doc.items() if k not in ("format", "step", "components")}
+    return Decoded(tree=tree, step=int(doc["step"]), meta=meta)
+
+
+def components_in(verified: Verified) -> list[str]:
+    """Names of the components whose tensors a checkpoint holds."""
+    return sorted(
+        rec.name[: -len(TENSOR_SUFFIX)] for rec in verified.manifest.files if rec.name.endswith(TENSOR_SUFFIX)
+    )

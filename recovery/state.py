@@ -1,0 +1,155 @@
+"""TrainState: the registry of everything a resume must restore, together.
+
+A run registers its pieces by name (``model``, ``optimizer``, ``scheduler``,
+``sampler``, ``scaler`` and any user object with ``state_dict`` and
+``load_state_dict``); the RNG streams are always included under ``rng``.
+:meth:`TrainState.state_dict` takes all of them at one instant, the step
+boundary. :meth:`TrainState.load_state_dict` checks every piece against the
+live objects first and only then applies them, so a refused load changes
+nothing.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from typing import Any, Protocol, runtime_checkable
+
+import torch
+
+from recovery import rng
+from recovery.errors import ConfigError, IncompatibleStateError
+
+MODEL = "model"
+OPTIMIZER = "optimizer"
+RNG = "rng"
+
+
+@runtime_checkable
+class Stateful(Protocol):
+    """Anything whose state can be taken and put back."""
+
+    def state_dict(self) -> Any: ...
+
+    def load_state_dict(self, state: Any, /) -> Any: ...
+
+
+def model_mismatches(saved: Mapping[str, Any], live: Mapping[str, torch.Tensor]) -> list[str]:
+    """Every difference between a saved model state and the live model's.
+
+    Returns one line per missing key, unexpected key, shape or dtype difference.
+    """
+    problems = [f"missing in checkpoint: {k} {tuple(live[k].shape)}" for k in live if k not in saved]
+    problems += [f"not in this model: {k}" for k in saved if k not in live]
+    for key in live:
+        if key not in saved:
+            continue
+        old, new = saved[key], live[key]
+        if not isinstance(old, torch.Tensor):
+            problems.append(f"{key}: checkpoint holds a {type(old).__name__}, not a tensor")
+        elif tuple(old.shape) != tuple(new.shape):
+            problems.append(f"{key}: checkpoint shape {tuple(old.shape)}, model shape {tuple(new.shape)}")
+        elif old.dtype != new.dtype:
+            problems.append(f"{key}: checkpoint dtype {old.dtype}, model dtype {new.dtype}")
+    return problems
+
+
+def optimizer_mismatches(saved: Any, live: torch.optim.Optimizer) -> list[str]:
+    """Differences that would make ``Optimizer.load_state_dict`` fail or mis-assign moments."""
+    if not isinstance(saved, Mapping) or "param_groups" not in saved or "state" not in saved:
+        return ["optimizer: checkpoint entry is not an optimizer state_dict"]
+    groups_saved = saved["param_groups"]
+    groups_live = live.param_groups
+    if len(groups_saved) != len(groups_live):
+        return [f"optimizer: {len(groups_saved)} param groups in checkpoint, {len(groups_live)} now"]
+    problems: list[str] = []
+    shapes: dict[int, tuple[int, ...]] = {}
+    for g, (gs, gl) in enumerate(zip(groups_saved, groups_live, strict=True)):
+        if len(gs["params"]) != len(gl["params"]):
+            problems.append(
+                f"optimizer group {g}: {len(gs['params'])} params in checkpoint, {len(gl['params'])} now"
+            )
+            continue
+        for pid, param in zip(gs["params"], gl["params"], strict=True):
+            shapes[pid] = tuple(param.shape)
+    for pid, entry in saved["state"].items():
+        for name, value in entry.items():
+            if isinstance(value, torch.Tensor) and value.dim() > 0 and pid in shapes:
+                if tuple(value.shape) != shapes[pid]:
+                    problems.append(
+                        f"optimizer state {pid}.{name}: shape {tuple(value.shape)}, "
+                        f"param shape {shapes[pid]}"
+                    )
+    return problems
+
+
+class TrainState:
+    """Named stateful pieces of one run, saved and restored as one.
+
+    Args:
+        **components: name -> object with ``state_dict``/``load_state_dict``.
+            ``model`` must be a ``torch.nn.Module`` if given; ``optimizer`` a
+            ``torch.optim.Optimizer``. ``rng`` is reserved.
+    """
+
+    def __init__(self, **components: Any) -> None:
+        if RNG in components:
+            raise ConfigError("TrainState: 'rng' is reserved; RNG streams are always captured")
+        for name, obj in components.items():
+            if obj is None:
+                continue
+            if not isinstance(obj, Stateful):
+                raise ConfigError(
+                    f"TrainState: component '{name}' ({type(obj).__name__}) has no "
+                    "state_dict/load_state_dict; wrap it or leave it out"
+                )
+        self.components: dict[str, Any] = {k: v for k, v in components.items() if v is not None}
+
+    @property
+    def names(self) -> list[str]:
+        """Component names in save order, ``rng`` last."""
+        return [*self.components, RNG]
+
+    def state_dict(self) -> dict[str, Any]:
+        """Take every component's state and the RNG streams, now."""
+        tree = {name: obj.state_dict() for name, obj in self.components.items()}
+        tree[RNG] = rng.capture()
+        return tree
+
+    def mismatches(self, tree: Mapping[str, Any]) -> list[str]:
+        """Every reason ``tree`` cannot be loaded into this state, empty if it can."""
+        problems = [f"component '{n}' is not in the checkpoint" for n in self.names if n not in tree]
+        problems += [
+            f"checkpoint has component '{n}', which this run does not register"
+            for n in tree
+            if n not in self.names
+        ]
+        model = self.components.get(MODEL)
+        if isinstance(model, torch.nn.Module) and MODEL in tree:
+            problems += model_mismatches(tree[MODEL], model.state_dict())
+        opt = self.components.get(OPTIMIZER)
+        if isinstance(opt, torch.optim.Optimizer) and OPTIMIZER in tree:
+            problems += optimizer_mismatches(tree[OPTIMIZER], opt)
+        if RNG in tree:
+            problems += rng.validate(tree[RNG])
+        return problems
+
+    def load_state_dict(self, tree: Mapping[str, Any], *, source: str = "checkpoint") -> None:
+        """Restore every component and the RNG streams from ``tree``.
+
+        Everything is checked before anything is applied.
+
+        Raises:
+            IncompatibleStateError: listing every mismatch; nothing was changed.
+        """
+        problems = self.mismatches(tree)
+        if problems:
+            raise IncompatibleStateError(
+                f"{source} does not fit this run ({len(problems)} mismatches):\n  "
+                + "\n  ".join(problems)
+                + "\nResume it with the model and config that wrote it, or start a new run.",
+                mismatches=problems,
+                path=source if source != "checkpoint" else None,
+            )
+        for name, obj in self.components.items():
+            obj.load_state_dict(tree[name])
+        rng.restore(tree[RNG])

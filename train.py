@@ -1,0 +1,29 @@
+"""``python train.py [overrides]``: train the configured recipe, or resume it.
+
+``+resume=latest|<step>|<path>`` continues a run exactly; see README.md.
+"""
+
+from __future__ import annotations
+
+import sys
+
+import hydra
+from omegaconf import DictConfig
+
+import recipes
+from recovery.cli import report
+from recovery.errors import RecoveryError
+
+
+@hydra.main(config_path="conf", config_name="config", version_base=None)
+def main(cfg: DictConfig) -> None:
+    try:
+        code = recipes.run(cfg)
+    except RecoveryError as err:
+        code = report(err)
+    if code:
+        sys.exit(code)
+
+
+if __name__ == "__main__":
+    main()
