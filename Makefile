@@ -21,15 +21,15 @@ $(STAMP): pyproject.toml | $(BIN)/python
 install: $(STAMP)
 
 lint: $(STAMP)
-	$(BIN)/ruff check recovery recipes tests train.py benchmarks
-	$(BIN)/ruff format --check recovery recipes tests train.py benchmarks
+	$(BIN)/ruff check recovery recipes tests train.py demo.py
+	$(BIN)/ruff format --check recovery recipes tests train.py demo.py
 	$(BIN)/mypy
 
 test: $(STAMP) lint
 	$(BIN)/python -m pytest -q
 
 demo: $(STAMP)
-	PATH="$(CURDIR)/$(BIN):$$PATH" $(BIN)/python -m recipes.demo
+	$(BIN)/python demo.py
 
 clean:
 	rm -rf $(VENV) .demo

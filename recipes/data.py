@@ -52,7 +52,9 @@ class DataConfig:
     def __post_init__(self) -> None:
         for name in ("num_users", "num_items", "num_interactions", "shards", "latent_dim"):
             if getattr(self, name) <= 0:
-                raise ConfigError(f"recipe.data.{name}: must be positive, got {getattr(self, name)}")
+                raise ConfigError(
+                    f"recipe.data.{name}: must be positive, got {getattr(self, name)}"
+                )
         if self.shards > self.num_interactions:
             raise ConfigError(
                 f"recipe.data.shards: {self.shards} shards for {self.num_interactions} interactions"
@@ -86,7 +88,9 @@ def generate(cfg: DataConfig) -> Path:
     popularity = 1.0 / np.arange(1, cfg.num_items + 1) ** 0.8
     popularity /= popularity.sum()
     users = rng.integers(0, cfg.num_users, size=cfg.num_interactions)
-    items = rng.permutation(cfg.num_items)[rng.choice(cfg.num_items, size=cfg.num_interactions, p=popularity)]
+    items = rng.permutation(cfg.num_items)[
+        rng.choice(cfg.num_items, size=cfg.num_interactions, p=popularity)
+    ]
     logit = cfg.signal * np.einsum("nd,nd->n", user_f[users], item_f[items])
     logit += cfg.noise * rng.normal(size=cfg.num_interactions)
     labels = (rng.random(cfg.num_interactions) < 1.0 / (1.0 + np.exp(-logit))).astype(np.float32)

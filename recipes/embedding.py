@@ -63,7 +63,9 @@ class OptimConfig:
         if self.warmup_steps < 0:
             raise ConfigError(f"recipe.optim.warmup_steps: must be >= 0, got {self.warmup_steps}")
         if not 0.0 <= self.min_lr_ratio <= 1.0:
-            raise ConfigError(f"recipe.optim.min_lr_ratio: must be in [0, 1], got {self.min_lr_ratio}")
+            raise ConfigError(
+                f"recipe.optim.min_lr_ratio: must be in [0, 1], got {self.min_lr_ratio}"
+            )
 
 
 @dataclass(kw_only=True)
@@ -98,16 +100,17 @@ class DotProduct(nn.Module):
     def forward(self, users: torch.Tensor, items: torch.Tensor) -> torch.Tensor:
         u = self.drop(self.user(users))
         v = self.drop(self.item(items))
-        return (
+        score: torch.Tensor = (
             (u * v).sum(-1)
             + self.user_bias(users).squeeze(-1)
             + self.item_bias(items).squeeze(-1)
             + self.bias
         )
+        return score
 
 
 def warmup_cosine(warmup: int, total: int, min_ratio: float) -> Callable[[int], float]:
-    """LR multiplier for step ``s``: linear warmup to 1, cosine down to ``min_ratio`` at ``total``."""
+    """LR factor at a step: linear warmup to 1, then cosine down to ``min_ratio`` at ``total``."""
 
     def factor(step: int) -> float:
         if step < warmup:

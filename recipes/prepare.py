@@ -20,7 +20,9 @@ def main(argv: list[str]) -> int:
     logging.basicConfig(level=logging.INFO, format="%(message)s")
     with initialize_config_dir(config_dir=str(CONF_DIR), version_base=None):
         cfg = compose(config_name="config", overrides=argv)
-    data = typed(DataConfig, OmegaConf.to_container(cfg.recipe.data, resolve=True), key="recipe.data")
+    data = typed(
+        DataConfig, OmegaConf.to_container(cfg.recipe.data, resolve=True), key="recipe.data"
+    )
     generate(data)
     return 0
 

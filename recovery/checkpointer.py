@@ -108,7 +108,10 @@ class Checkpointer:
     ) -> Path | None:
         """Save if the policy says so after ``step``; return the committed path or ``None``."""
         if not policy.should_save(
-            step, every_steps=self.cfg.every_steps, final_step=self.final_step, last_saved=self.last_saved
+            step,
+            every_steps=self.cfg.every_steps,
+            final_step=self.final_step,
+            last_saved=self.last_saved,
         ):
             return None
         return self.save(state, step, metrics=metrics)

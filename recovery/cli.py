@@ -30,6 +30,7 @@ EXIT_CODES: list[tuple[type[BaseException], int, str]] = [
     (errors.ExtraFileError, 7, "an unlisted file is present"),
     (errors.TruncatedFileError, 8, "a file has the wrong size"),
     (errors.DigestMismatchError, 9, "a file's sha256 does not match"),
+    (errors.VerificationError, 15, "verification failed"),
     (errors.FormatError, 10, "verified bytes do not decode"),
     (errors.IncompatibleStateError, 11, "checkpoint does not fit this run"),
     (errors.ConfigError, 12, "invalid configuration"),
@@ -86,7 +87,12 @@ def cmd_verify(args: argparse.Namespace) -> int:
         "files": len(mf.files),
         "sha256": mf.root,
     }
-    _emit(args, data, f"OK {verified.path}: step {decoded.step}, {len(mf.files)} files verified, sha256 {mf.root}")
+    _emit(
+        args,
+        data,
+        f"OK {verified.path}: step {decoded.step}, {len(mf.files)} files verified, "
+        f"sha256 {mf.root}",
+    )
     return 0
 
 
@@ -186,3 +192,7 @@ def main(argv: Sequence[str] | None = None) -> int:
 def main_entry() -> None:
     """Console-script wrapper around :func:`main`."""
     sys.exit(main())
+
+
+if __name__ == "__main__":
+    main_entry()

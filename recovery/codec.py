@@ -76,15 +76,22 @@ def split(tree: Any) -> tuple[Any, dict[str, torch.Tensor]]:
             value = float(node)
             return value if math.isfinite(value) else {"__float__": repr(value)}
         if isinstance(node, tuple):
-            return {"__tuple__": [walk(v, f"{path}/{i}" if path else str(i)) for i, v in enumerate(node)]}
+            return {
+                "__tuple__": [
+                    walk(v, f"{path}/{i}" if path else str(i)) for i, v in enumerate(node)
+                ]
+            }
         if isinstance(node, list):
             return [walk(v, f"{path}/{i}" if path else str(i)) for i, v in enumerate(node)]
         if isinstance(node, Mapping):
             if all(isinstance(k, str) for k in node):
                 if any(k in _TAGS for k in node):
-                    raise FormatError(f"state key collides with a codec tag at '{path}': {list(node)}")
+                    raise FormatError(
+                        f"state key collides with a codec tag at '{path}': {list(node)}"
+                    )
                 return {
-                    k: walk(v, f"{path}/{_escape(k)}" if path else _escape(k)) for k, v in node.items()
+                    k: walk(v, f"{path}/{_escape(k)}" if path else _escape(k))
+                    for k, v in node.items()
                 }
             items = []
             for k, v in node.items():

@@ -100,7 +100,9 @@ def commit(final: Path, files: Mapping[str, bytes], recovery: dict[str, Any]) ->
         aside = None
         if final.exists():
             aside = aside_dir_for(final)
-            log.warning("replacing existing %s (moved aside to %s, then deleted)", final, aside.name)
+            log.warning(
+                "replacing existing %s (moved aside to %s, then deleted)", final, aside.name
+            )
             os.rename(final, aside)
         os.rename(tmp, final)
         fsync_dir(final.parent)
@@ -127,9 +129,7 @@ def remove_stale(run_dir: Path) -> list[Path]:
     """
     removed = []
     for path in scan(run_dir).stale:
-        log.warning(
-            "removing %s: an interrupted checkpoint write that never committed", path
-        )
+        log.warning("removing %s: an interrupted checkpoint write that never committed", path)
         shutil.rmtree(path, ignore_errors=True)
         removed.append(path)
     return removed

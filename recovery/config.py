@@ -31,7 +31,7 @@ class CheckpointConfig:
     every_steps: int = 100
     """Save after every multiple of this many optimizer steps; 0 saves only at the end."""
     keep_last: int = 3
-    """How many most recent checkpoints to keep (at least 2, so a corrupt newest one has a fallback)."""
+    """How many recent checkpoints to keep; at least 2, so a corrupt newest one has a fallback."""
     keep_every: int = 0
     """Steps that are multiples of this are milestones, kept forever; 0 keeps none."""
 
@@ -100,7 +100,9 @@ def typed(schema: type[T], node: Any, *, key: str) -> T:
             raise cause from None
         raise ConfigError(f"{key}: {err}") from err
     if not isinstance(obj, schema):
-        raise ConfigError(f"{key}: expected a {schema.__name__} mapping, found {type(obj).__name__}")
+        raise ConfigError(
+            f"{key}: expected a {schema.__name__} mapping, found {type(obj).__name__}"
+        )
     return obj
 
 

@@ -52,6 +52,11 @@ def parse_step(name: str) -> int | None:
     return int(match.group(1)) if match else None
 
 
+def is_uncommitted(name: str) -> bool:
+    """Whether ``name`` is a temp or aside directory of an interrupted commit."""
+    return _TEMP.match(name) is not None
+
+
 @dataclass(frozen=True)
 class Listing:
     """What a scan of a run directory found."""

@@ -146,13 +146,18 @@ def parse(data: bytes, *, where: Path) -> Manifest:
         for res in pred["resources"]:
             if res["algorithm"] != "sha256":
                 raise bad(f"resource {res['name']!r} uses {res['algorithm']!r}, expected sha256")
-            check_relpath(res["name"], where=where)
             size = sizes.get(res["name"])
-            files.append(FileRecord(res["name"], str(res["digest"]).lower(), int(size) if size is not None else -1))
+            files.append(
+                FileRecord(
+                    res["name"], str(res["digest"]).lower(), int(size) if size is not None else -1
+                )
+            )
         root = str(subject["digest"]["sha256"]).lower()
         name = str(subject["name"])
     except (KeyError, IndexError, TypeError, ValueError, AttributeError) as err:
         raise bad(f"malformed statement ({type(err).__name__}: {err})") from err
+    for rec in files:
+        check_relpath(rec.name, where=where)
     if len({f.name for f in files}) != len(files):
         raise bad("a resource is listed twice")
     if root_digest(files) != root:

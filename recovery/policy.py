@@ -23,9 +23,7 @@ def should_save(step: int, *, every_steps: int, final_step: int, last_saved: int
     return every_steps > 0 and step % every_steps == 0
 
 
-def to_delete(
-    steps: Iterable[int], *, newest: int, keep_last: int, keep_every: int
-) -> list[int]:
+def to_delete(steps: Iterable[int], *, newest: int, keep_last: int, keep_every: int) -> list[int]:
     """Committed steps that retention may delete, oldest first.
 
     Args:

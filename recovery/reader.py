@@ -28,7 +28,7 @@ from recovery.errors import (
     TruncatedFileError,
     UnsafePathError,
 )
-from recovery.layout import MANIFEST_FILE
+from recovery.layout import MANIFEST_FILE, is_uncommitted, parse_step
 from recovery.manifest import Manifest
 
 
@@ -80,6 +80,12 @@ def read_manifest(path: Path) -> Manifest:
     if not path.is_dir():
         raise CheckpointNotFoundError(f"{path}: no such checkpoint directory", path=path)
     file = path / MANIFEST_FILE
+    if is_uncommitted(path.name):
+        raise ManifestError(
+            f"{path}: is the temp directory of a checkpoint write that never committed; "
+            "it is never used. A starting run removes it.",
+            path=path,
+        )
     try:
         st = os.lstat(file)
     except FileNotFoundError:
@@ -89,8 +95,18 @@ def read_manifest(path: Path) -> Manifest:
             path=file,
         ) from None
     if not stat.S_ISREG(st.st_mode):
-        raise UnsafePathError(f"{file}: expected a regular file, found a symlink or special file", path=file)
-    return manifest.parse(_read_nofollow(file), where=path)
+        raise UnsafePathError(
+            f"{file}: expected a regular file, found a symlink or special file", path=file
+        )
+    mf = manifest.parse(_read_nofollow(file), where=path)
+    named = parse_step(path.name)
+    if named is not None and named != mf.step:
+        raise ManifestError(
+            f"{path}: directory name says step {named}, its manifest says step {mf.step}; "
+            "the directory was renamed or swapped. Resume from another checkpoint.",
+            path=file,
+        )
+    return mf
 
 
 def read_verified(path: str | Path) -> Verified:
@@ -121,8 +137,9 @@ def read_verified(path: str | Path) -> Verified:
     extra = sorted(present - listed - {MANIFEST_FILE})
     if extra:
         raise ExtraFileError(
-            f"{path}: holds {extra}, which the manifest does not list; something was added after "
-            "the commit. Remove the extra files if you know them, or resume from another checkpoint.",
+            f"{path}: holds {extra}, which the manifest does not list; something was added "
+            "after the commit. Remove the extra files if you know them, or resume from "
+            "another checkpoint.",
             path=path / extra[0],
         )
     blobs: dict[str, bytes] = {}
@@ -137,8 +154,8 @@ def read_verified(path: str | Path) -> Verified:
         digest = hashlib.sha256(data).hexdigest()
         if digest != rec.sha256:
             raise DigestMismatchError(
-                f"{path / rec.name}: expected sha256 {rec.sha256}, found {digest}; the bytes changed "
-                "after the commit. Resume from another checkpoint.",
+                f"{path / rec.name}: expected sha256 {rec.sha256}, found {digest}; "
+                "the bytes changed after the commit. Resume from another checkpoint.",
                 path=path / rec.name,
             )
         blobs[rec.name] = data

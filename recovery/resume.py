@@ -87,7 +87,8 @@ def select(run_dir: Path, spec: object) -> Loaded | None:
         if not path.is_dir():
             have = [s for s, _ in scan(run_dir).committed]
             raise CheckpointNotFoundError(
-                f"{path}: no checkpoint for step {want} in {run_dir}; committed steps: {have or 'none'}",
+                f"{path}: no checkpoint for step {want} in {run_dir}; "
+                f"committed steps: {have or 'none'}",
                 path=path,
             )
     else:
@@ -109,7 +110,9 @@ def _latest(run_dir: Path) -> Loaded | None:
             log.warning("RESUME FALLBACK: resuming from %s instead of %s", path, skipped[0][0])
         return Loaded(path=path, manifest=manifest, decoded=decoded, skipped=skipped)
     if skipped:
-        log.warning("no checkpoint in %s verifies (%d damaged); starting fresh", run_dir, len(skipped))
+        log.warning(
+            "no checkpoint in %s verifies (%d damaged); starting fresh", run_dir, len(skipped)
+        )
     else:
         log.warning("resume=latest: no checkpoint in %s yet; starting a fresh run", run_dir)
     return None

@@ -42,7 +42,7 @@ def capture() -> dict[str, Any]:
         },
         TORCH: torch.get_rng_state(),
     }
-    if torch.cuda.is_available() and torch.cuda.is_initialized():
+    if torch.cuda.is_available() and torch.cuda.is_initialized():  # type: ignore[no-untyped-call]
         state[CUDA] = list(torch.cuda.get_rng_state_all())
     return state
 
@@ -71,7 +71,9 @@ def restore(state: dict[str, Any]) -> None:
             raise IncompatibleStateError(
                 f"checkpoint holds CUDA RNG states for {len(saved_cuda)} devices, "
                 f"this process sees {torch.cuda.device_count()}",
-                mismatches=[f"cuda devices: saved {len(saved_cuda)}, now {torch.cuda.device_count()}"],
+                mismatches=[
+                    f"cuda devices: saved {len(saved_cuda)}, now {torch.cuda.device_count()}"
+                ],
             )
         torch.cuda.set_rng_state_all(saved_cuda)
 

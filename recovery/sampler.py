@@ -90,6 +90,14 @@ class ResumableSampler:
             "drop_last": self.drop_last,
         }
 
+    def check_state_dict(self, state: dict[str, Any]) -> list[str]:
+        """Why ``state`` cannot be loaded here: a cursor over other data means other examples."""
+        return [
+            f"sampler.{key}: checkpoint {state.get(key)!r}, this run {getattr(self, key)!r}"
+            for key in ("seed", "num_examples", "batch_size", "drop_last")
+            if state.get(key) != getattr(self, key)
+        ]
+
     def load_state_dict(self, state: dict[str, Any]) -> None:
         """Seek to a saved cursor.
 
@@ -98,11 +106,7 @@ class ResumableSampler:
                 dataset size, batch size or shuffle seed, so it would point to
                 other examples here.
         """
-        mismatches = [
-            f"sampler.{key}: checkpoint {state.get(key)!r}, this run {getattr(self, key)!r}"
-            for key in ("seed", "num_examples", "batch_size", "drop_last")
-            if state.get(key) != getattr(self, key)
-        ]
+        mismatches = self.check_state_dict(state)
         if mismatches:
             raise IncompatibleStateError(
                 "the data cursor in the checkpoint does not fit this run's data: "

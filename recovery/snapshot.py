@@ -61,7 +61,9 @@ def decode(verified: Verified) -> Decoded:
     """
     where = verified.path
     if STATE_FILE not in verified.files:
-        raise FormatError(f"{where}: has no {STATE_FILE}; it is not a training checkpoint", path=where)
+        raise FormatError(
+            f"{where}: has no {STATE_FILE}; it is not a training checkpoint", path=where
+        )
     doc = codec.loads_json(verified.files[STATE_FILE], name=str(where / STATE_FILE))
     if not isinstance(doc, dict) or doc.get("format") != STATE_FORMAT:
         raise FormatError(
@@ -88,5 +90,7 @@ def decode(verified: Verified) -> Decoded:
 def components_in(verified: Verified) -> list[str]:
     """Names of the components whose tensors a checkpoint holds."""
     return sorted(
-        rec.name[: -len(TENSOR_SUFFIX)] for rec in verified.manifest.files if rec.name.endswith(TENSOR_SUFFIX)
+        rec.name[: -len(TENSOR_SUFFIX)]
+        for rec in verified.manifest.files
+        if rec.name.endswith(TENSOR_SUFFIX)
     )

@@ -26,7 +26,12 @@ RNG = "rng"
 
 @runtime_checkable
 class Stateful(Protocol):
-    """Anything whose state can be taken and put back."""
+    """Anything whose state can be taken and put back.
+
+    A component may also define ``check_state_dict(state) -> list[str]``,
+    returning why ``state`` cannot be loaded; :class:`TrainState` calls it
+    for every component before loading any, so a refusal changes nothing.
+    """
 
     def state_dict(self) -> Any: ...
 
@@ -38,7 +43,9 @@ def model_mismatches(saved: Mapping[str, Any], live: Mapping[str, torch.Tensor])
 
     Returns one line per missing key, unexpected key, shape or dtype difference.
     """
-    problems = [f"missing in checkpoint: {k} {tuple(live[k].shape)}" for k in live if k not in saved]
+    problems = [
+        f"missing in checkpoint: {k} {tuple(live[k].shape)}" for k in live if k not in saved
+    ]
     problems += [f"not in this model: {k}" for k in saved if k not in live]
     for key in live:
         if key not in saved:
@@ -47,7 +54,9 @@ def model_mismatches(saved: Mapping[str, Any], live: Mapping[str, torch.Tensor])
         if not isinstance(old, torch.Tensor):
             problems.append(f"{key}: checkpoint holds a {type(old).__name__}, not a tensor")
         elif tuple(old.shape) != tuple(new.shape):
-            problems.append(f"{key}: checkpoint shape {tuple(old.shape)}, model shape {tuple(new.shape)}")
+            problems.append(
+                f"{key}: checkpoint shape {tuple(old.shape)}, model shape {tuple(new.shape)}"
+            )
         elif old.dtype != new.dtype:
             problems.append(f"{key}: checkpoint dtype {old.dtype}, model dtype {new.dtype}")
     return problems
@@ -60,25 +69,32 @@ def optimizer_mismatches(saved: Any, live: torch.optim.Optimizer) -> list[str]:
     groups_saved = saved["param_groups"]
     groups_live = live.param_groups
     if len(groups_saved) != len(groups_live):
-        return [f"optimizer: {len(groups_saved)} param groups in checkpoint, {len(groups_live)} now"]
+        return [
+            f"optimizer: {len(groups_saved)} param groups in checkpoint, {len(groups_live)} now"
+        ]
     problems: list[str] = []
     shapes: dict[int, tuple[int, ...]] = {}
     for g, (gs, gl) in enumerate(zip(groups_saved, groups_live, strict=True)):
         if len(gs["params"]) != len(gl["params"]):
             problems.append(
-                f"optimizer group {g}: {len(gs['params'])} params in checkpoint, {len(gl['params'])} now"
+                f"optimizer group {g}: {len(gs['params'])} params in checkpoint, "
+                f"{len(gl['params'])} now"
             )
             continue
         for pid, param in zip(gs["params"], gl["params"], strict=True):
             shapes[pid] = tuple(param.shape)
     for pid, entry in saved["state"].items():
         for name, value in entry.items():
-            if isinstance(value, torch.Tensor) and value.dim() > 0 and pid in shapes:
-                if tuple(value.shape) != shapes[pid]:
-                    problems.append(
-                        f"optimizer state {pid}.{name}: shape {tuple(value.shape)}, "
-                        f"param shape {shapes[pid]}"
-                    )
+            if (
+                isinstance(value, torch.Tensor)
+                and value.dim() > 0
+                and pid in shapes
+                and tuple(value.shape) != shapes[pid]
+            ):
+                problems.append(
+                    f"optimizer state {pid}.{name}: shape {tuple(value.shape)}, "
+                    f"param shape {shapes[pid]}"
+                )
     return problems
 
 
@@ -117,7 +133,9 @@ class TrainState:
 
     def mismatches(self, tree: Mapping[str, Any]) -> list[str]:
         """Every reason ``tree`` cannot be loaded into this state, empty if it can."""
-        problems = [f"component '{n}' is not in the checkpoint" for n in self.names if n not in tree]
+        problems = [
+            f"component '{n}' is not in the checkpoint" for n in self.names if n not in tree
+        ]
         problems += [
             f"checkpoint has component '{n}', which this run does not register"
             for n in tree
@@ -129,6 +147,10 @@ class TrainState:
         opt = self.components.get(OPTIMIZER)
         if isinstance(opt, torch.optim.Optimizer) and OPTIMIZER in tree:
             problems += optimizer_mismatches(tree[OPTIMIZER], opt)
+        for name, obj in self.components.items():
+            check = getattr(obj, "check_state_dict", None)
+            if callable(check) and name in tree:
+                problems += list(check(tree[name]))
         if RNG in tree:
             problems += rng.validate(tree[RNG])
         return problems

@@ -1,0 +1,147 @@
+"""Real ``train.py`` processes on a tiny embedding run, killed with real signals."""
+
+from __future__ import annotations
+
+import os
+import signal
+import subprocess
+import sys
+import time
+from dataclasses import dataclass
+from pathlib import Path
+
+import pytest
+import torch
+
+from recovery import faults, resume
+from recovery.journal import effective_steps
+from recovery.layout import METRICS_FILE, step_dir_name
+
+ROOT = Path(__file__).resolve().parents[2]
+TRAIN = ROOT / "train.py"
+STEPS = 80
+# 2000 examples / 64 = 32 batches an epoch (the last one 16): steps 1-32 are epoch 0,
+# 33-64 epoch 1, 65-80 epoch 2. Checkpoints every 10 steps.
+SMALL = [
+    "recipe.data.num_users=200",
+    "recipe.data.num_items=100",
+    "recipe.data.num_interactions=2000",
+    "recipe.data.shards=2",
+    "recipe.batch_size=64",
+    "recipe.optim.warmup_steps=10",
+    f"train.steps={STEPS}",
+    "train.log_every=20",
+    "checkpoint.every_steps=10",
+    "checkpoint.keep_last=3",
+    "run.name=r",
+]
+
+
+@dataclass
+class Result:
+    returncode: int
+    output: str
+    run_dir: Path
+
+
+@pytest.fixture(scope="session")
+def data_root(tmp_path_factory):
+    return tmp_path_factory.mktemp("data") / "interactions"
+
+
+@pytest.fixture
+def trainer(data_root):
+    """``trainer(root, *overrides, pause_at=None)`` runs train.py; with ``pause_at`` it is
+    SIGKILLed when it reaches that :mod:`recovery.faults` point."""
+
+    def run(
+        root: Path, *overrides: str, pause_at: str | None = None, timeout: float = 180
+    ) -> Result:
+        root.mkdir(parents=True, exist_ok=True)
+        cmd = [
+            sys.executable,
+            str(TRAIN),
+            f"checkpoint.root={root}",
+            f"recipe.data.root={data_root}",
+            *SMALL,
+            *overrides,
+        ]
+        env = {**os.environ, "PYTHONUNBUFFERED": "1"}
+        mark = root / "paused.mark"
+        mark.unlink(missing_ok=True)
+        if pause_at:
+            env[faults.PAUSE_ENV] = pause_at
+            env[faults.MARK_ENV] = str(mark)
+        log_path = root / f"train-{time.monotonic_ns()}.log"
+        with open(log_path, "w") as log:
+            proc = subprocess.Popen(cmd, cwd=root, stdout=log, stderr=subprocess.STDOUT, env=env)
+            deadline = time.monotonic() + timeout
+            if pause_at:
+                while not mark.exists():
+                    if proc.poll() is not None:
+                        pytest.fail(
+                            f"train.py exited ({proc.returncode}) before reaching {pause_at}:\n"
+                            + log_path.read_text()
+                        )
+                    if time.monotonic() > deadline:
+                        proc.kill()
+                        pytest.fail(f"train.py never reached {pause_at}")
+                    time.sleep(0.02)
+                os.kill(proc.pid, signal.SIGKILL)
+            proc.wait(timeout=max(1.0, deadline - time.monotonic()))
+        return Result(proc.returncode, log_path.read_text(), root / "r")
+
+    return run
+
+
+@pytest.fixture(scope="session")
+def reference(tmp_path_factory, data_root):
+    """Run A: the uninterrupted run to STEPS."""
+    root = tmp_path_factory.mktemp("reference")
+    cmd = [
+        sys.executable,
+        str(TRAIN),
+        f"checkpoint.root={root}",
+        f"recipe.data.root={data_root}",
+        *SMALL,
+    ]
+    done = subprocess.run(cmd, cwd=root, capture_output=True, text=True, timeout=300)
+    assert done.returncode == 0, done.stdout + done.stderr
+    return root / "r"
+
+
+def final_state(run_dir: Path) -> dict:
+    _, decoded = resume.load(run_dir / step_dir_name(STEPS))
+    return decoded.tree
+
+
+def assert_same_run(reference: Path, run_dir: Path) -> None:
+    """Every step's loss, lr, epoch and batch ids, and the final state, bit-identical."""
+    ref = effective_steps(reference / METRICS_FILE)
+    got = effective_steps(run_dir / METRICS_FILE)
+    assert sorted(ref) == list(range(1, STEPS + 1))
+    assert sorted(got) == sorted(ref)
+    for step in ref:
+        for key in ("loss", "lr", "epoch", "batch"):
+            assert got[step][key] == ref[step][key], f"step {step}: {key} differs"
+    a, b = final_state(reference), final_state(run_dir)
+    for component in ("model", "optimizer"):
+        flat_a, flat_b = _tensors(a[component]), _tensors(b[component])
+        assert flat_a.keys() == flat_b.keys()
+        for key in flat_a:
+            assert torch.equal(flat_a[key], flat_b[key]), f"{component} {key} differs"
+    assert a["sampler"] == b["sampler"] and a["scheduler"] == b["scheduler"]
+    assert torch.equal(a["rng"]["torch"], b["rng"]["torch"])
+
+
+def _tensors(tree, prefix=""):
+    out = {}
+    if isinstance(tree, torch.Tensor):
+        out[prefix] = tree
+    elif isinstance(tree, dict):
+        for k, v in tree.items():
+            out |= _tensors(v, f"{prefix}/{k}")
+    elif isinstance(tree, list | tuple):
+        for i, v in enumerate(tree):
+            out |= _tensors(v, f"{prefix}/{i}")
+    return out

@@ -1,0 +1,124 @@
+"""Kill-and-resume equivalence on real processes: the heart of exact resume."""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+
+from recovery import cli
+from recovery.journal import read
+from recovery.layout import scan, step_dir_name
+from tests.integration.conftest import assert_same_run
+
+pytestmark = pytest.mark.integration
+
+
+@pytest.mark.parametrize(
+    ("kill_at", "expect_from"),
+    [
+        ("step-45", 40),  # mid-epoch 1: checkpoint 40, killed 5 steps later
+        ("step-36", 30),  # checkpoint 30 in epoch 0, killed in epoch 1: resume crosses the boundary
+    ],
+    ids=["mid-epoch", "across-epoch-boundary"],
+)
+def test_sigkill_between_checkpoints_then_resume_is_bit_identical(
+    tmp_path, trainer, reference, kill_at, expect_from
+):
+    # The same requeue-safe command line both times: +resume=latest on an empty run starts fresh.
+    first = trainer(tmp_path, "+resume=latest", pause_at=kill_at)
+    assert first.returncode == -9
+    assert "no checkpoint in" in first.output and "starting a fresh run" in first.output
+    second = trainer(tmp_path, "+resume=latest")
+    assert second.returncode == 0, second.output
+    resumes = [r for r in read(second.run_dir / "metrics.jsonl") if r.get("event") == "resume"]
+    assert resumes[-1]["step"] == expect_from
+    assert resumes[-1]["from"].endswith(step_dir_name(expect_from))
+    assert_same_run(reference, second.run_dir)
+
+
+@pytest.mark.parametrize("phase", ["write", "before-manifest", "before-rename"])
+def test_sigkill_during_checkpoint_write_never_uses_the_partial_dir(
+    tmp_path, trainer, reference, phase
+):
+    first = trainer(tmp_path, pause_at=f"commit-{phase}-40")
+    assert first.returncode == -9
+    listing = scan(first.run_dir)
+    assert [s for s, _ in listing.committed] == [10, 20, 30]
+    assert len(listing.stale) == 1 and listing.stale[0].name.startswith("step-00000040.tmp-")
+    assert cli.main(["verify", str(listing.stale[0])]) == 4  # never trusted, even if complete
+
+    second = trainer(tmp_path, "+resume=latest")
+    assert second.returncode == 0, second.output
+    assert "interrupted checkpoint write that never committed" in second.output
+    resumes = [r for r in read(second.run_dir / "metrics.jsonl") if r.get("event") == "resume"]
+    assert resumes[-1]["step"] == 30
+    assert scan(second.run_dir).stale == []
+    assert_same_run(reference, second.run_dir)
+
+
+def _flip(path):
+    data = bytearray(path.read_bytes())
+    data[len(data) // 2] ^= 0x10
+    path.write_bytes(bytes(data))
+
+
+def _truncate(path):
+    path.write_bytes(path.read_bytes()[:-7])
+
+
+@pytest.mark.parametrize(
+    ("damage", "file", "code", "words"),
+    [
+        (_flip, "model.safetensors", 9, "expected sha256"),
+        (_truncate, "optimizer.safetensors", 8, "expected"),
+        (lambda p: p.unlink(), "rng.safetensors", 6, "not found on disk"),
+    ],
+    ids=["flipped-byte", "truncated", "deleted"],
+)
+def test_corrupt_newest_checkpoint_is_refused_and_resume_falls_back(
+    tmp_path, trainer, reference, capsys, damage, file, code, words
+):
+    # Run B killed right after its final checkpoint (step 80) was committed: step-80 is newest.
+    first = trainer(tmp_path, pause_at="step-80")
+    assert first.returncode == -9
+    newest = first.run_dir / step_dir_name(80)
+    damage(newest / file)
+
+    assert cli.main(["verify", str(newest), "--json"]) == code
+    err = capsys.readouterr().err
+    assert file in err and words in err
+
+    second = trainer(tmp_path, "+resume=latest")
+    assert second.returncode == 0, second.output
+    assert "RESUME FALLBACK" in second.output and file in second.output
+    resumes = [r for r in read(second.run_dir / "metrics.jsonl") if r.get("event") == "resume"]
+    assert resumes[-1]["step"] == 70 and resumes[-1]["skipped"] == [str(newest)]
+    assert cli.main(["verify", str(newest)]) == 0  # re-saved over the damaged one
+    assert_same_run(reference, second.run_dir)
+
+
+def test_resume_into_a_different_model_is_refused_with_every_mismatch(tmp_path, trainer):
+    first = trainer(tmp_path, "train.steps=20")
+    assert first.returncode == 0, first.output
+    before = sorted(p.name for p in first.run_dir.iterdir())
+    second = trainer(tmp_path, "train.steps=40", "recipe.model.dim=8", "+resume=latest")
+    assert second.returncode == 11, second.output
+    for key in ("user.weight", "item.weight"):
+        assert f"{key}: checkpoint shape" in second.output
+    assert sorted(p.name for p in first.run_dir.iterdir()) == before
+
+
+def test_ls_and_inspect_on_a_real_run(reference, capsys):
+    assert cli.main(["ls", str(reference), "--json"]) == 0
+    rows = json.loads(capsys.readouterr().out)["checkpoints"]
+    assert [r["step"] for r in rows] == [60, 70, 80] and all(r["verified"] for r in rows)
+    assert cli.main(["inspect", str(reference / step_dir_name(80)), "--json"]) == 0
+    info = json.loads(capsys.readouterr().out)
+    assert info["step"] == 80 and info["components"] == [
+        "model",
+        "optimizer",
+        "rng",
+        "sampler",
+        "scheduler",
+    ]

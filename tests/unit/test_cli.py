@@ -1,0 +1,103 @@
+import json
+import os
+
+import pytest
+
+import recovery
+from recovery import cli, errors
+from recovery.layout import step_dir_name
+from tests.conftest import commit_state, tiny_state
+
+
+def test_public_surface_is_pinned():
+    assert sorted(recovery.__all__) == sorted(
+        [
+            "CheckpointConfig",
+            "Checkpointer",
+            "Journal",
+            "ResumableSampler",
+            "RunConfig",
+            "Stateful",
+            "TrainConfig",
+            "TrainState",
+            "read_verified",
+            "select",
+        ]
+    )
+    sub = next(a for a in cli.build_parser()._actions if a.dest == "command")
+    assert sorted(sub.choices) == ["inspect", "ls", "verify"]
+
+
+def test_exit_codes_are_distinct_and_cover_every_error():
+    codes = [code for _, code, _ in cli.EXIT_CODES]
+    assert len(codes) == len(set(codes))
+    classes = {c for c, _, _ in cli.EXIT_CODES}
+    declared = {
+        v
+        for v in vars(errors).values()
+        if isinstance(v, type) and issubclass(v, errors.RecoveryError)
+    }
+    assert declared - classes == set()
+
+
+def test_verify_ok_and_json(checkpoint, capsys):
+    path, _ = checkpoint
+    assert cli.main(["verify", str(path), "--json"]) == 0
+    out = json.loads(capsys.readouterr().out)
+    assert out["ok"] and out["step"] == 3 and out["purpose"] == "continuation"
+
+
+@pytest.mark.parametrize(
+    ("damage", "code"),
+    [
+        (
+            lambda p: (p / "model.safetensors").write_bytes(
+                b"x" * (p / "model.safetensors").stat().st_size
+            ),
+            9,
+        ),
+        (lambda p: os.truncate(p / "state.json", 3), 8),
+        (lambda p: (p / "rng.safetensors").unlink(), 6),
+        (lambda p: (p / "extra").write_text("x"), 7),
+        (lambda p: (p / "manifest.json").unlink(), 4),
+    ],
+)
+def test_verify_exit_code_per_damage(checkpoint, capsys, damage, code):
+    path, _ = checkpoint
+    damage(path)
+    assert cli.main(["verify", str(path)]) == code
+    assert str(path) in capsys.readouterr().err
+
+
+def test_verify_missing_dir(tmp_path, capsys):
+    assert cli.main(["verify", str(tmp_path / "nope")]) == 3
+
+
+def test_inspect_and_ls(tmp_path, capsys):
+    state = tiny_state()
+    commit_state(tmp_path, state, 2)
+    commit_state(tmp_path, state, 4)
+    (tmp_path / "step-00000006.tmp-abcdef").mkdir()
+    (tmp_path / step_dir_name(4) / "state.json").write_text("{}")
+    assert cli.main(["inspect", str(tmp_path / step_dir_name(2)), "--json"]) == 0
+    info = json.loads(capsys.readouterr().out)
+    assert info["components"] == ["model", "optimizer", "rng", "sampler", "scheduler"]
+    assert len(info["parameters_sha256"]) == 64
+    assert {f["name"] for f in info["files"]} >= {"model.safetensors", "state.json"}
+    assert cli.main(["ls", str(tmp_path), "--json"]) == 0
+    rows = json.loads(capsys.readouterr().out)["checkpoints"]
+    assert [(r["step"], r["verified"], r["status"]) for r in rows] == [
+        (2, True, "ok"),
+        (4, False, "TruncatedFileError"),
+        (None, False, "partial"),
+    ]
+    assert cli.main(["ls", str(tmp_path)]) == 0
+    assert "partial" in capsys.readouterr().out
+
+
+def test_parameters_digest_tracks_values():
+    a = tiny_state().components["model"].state_dict()
+    b = tiny_state().components["model"].state_dict()
+    assert cli.parameters_digest(a) == cli.parameters_digest(b)
+    b["0.bias"][0] += 1
+    assert cli.parameters_digest(a) != cli.parameters_digest(b)

@@ -1,0 +1,61 @@
+import os
+
+import pytest
+
+from recovery import commit, reader
+from recovery.errors import CommitError
+from recovery.layout import scan, step_dir_name
+from tests.conftest import commit_state, tiny_state
+
+
+def test_commit_leaves_only_the_final_dir(tmp_path):
+    commit_state(tmp_path, tiny_state(), 5)
+    assert [p.name for p in tmp_path.iterdir()] == [step_dir_name(5)]
+    reader.read_verified(tmp_path / step_dir_name(5))
+
+
+def test_failed_write_keeps_previous_and_leaves_no_temp(tmp_path, monkeypatch):
+    commit_state(tmp_path, tiny_state(), 5)
+    before = {p.name: p.read_bytes() for p in (tmp_path / step_dir_name(5)).iterdir()}
+    real = commit.write_file
+    calls = []
+
+    def failing(path, data, **kw):
+        calls.append(path.name)
+        if len(calls) == 2:
+            raise OSError(28, "No space left on device")
+        return real(path, data, **kw)
+
+    monkeypatch.setattr(commit, "write_file", failing)
+    with pytest.raises(CommitError, match="No space left.*intact"):
+        commit_state(tmp_path, tiny_state(), 10)
+    listing = scan(tmp_path)
+    assert [s for s, _ in listing.committed] == [5] and listing.stale == []
+    assert {p.name: p.read_bytes() for p in (tmp_path / step_dir_name(5)).iterdir()} == before
+
+
+def test_recommit_same_step_replaces_atomically(tmp_path):
+    commit_state(tmp_path, tiny_state(seed=0), 5)
+    (tmp_path / step_dir_name(5) / "model.safetensors").write_bytes(b"corrupt")
+    commit_state(tmp_path, tiny_state(seed=1), 5)
+    reader.read_verified(tmp_path / step_dir_name(5))
+    assert scan(tmp_path).stale == []
+
+
+def test_stale_temp_removed(tmp_path, caplog):
+    commit_state(tmp_path, tiny_state(), 5)
+    stale = tmp_path / "step-00000010.tmp-abc123"
+    stale.mkdir()
+    (stale / "model.safetensors").write_bytes(b"half")
+    removed = commit.remove_stale(tmp_path)
+    assert removed == [stale] and not stale.exists()
+    assert "interrupted checkpoint write" in caplog.text
+    assert (tmp_path / step_dir_name(5)).is_dir()
+
+
+def test_files_are_fsynced_and_hash_matches(tmp_path):
+    rec = commit.write_file(tmp_path / "f", b"x" * (commit.CHUNK * 2 + 3))
+    import hashlib
+
+    assert rec.sha256 == hashlib.sha256(b"x" * (commit.CHUNK * 2 + 3)).hexdigest()
+    assert rec.size == os.path.getsize(tmp_path / "f")
