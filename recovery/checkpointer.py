@@ -82,9 +82,11 @@ class Checkpointer:
                     "(or checkpoint.root=) for a new one.",
                     path=self.run_dir,
                 )
+            self._record_start()
             return 0
         loaded = resume.select(self.run_dir, spec)
         if loaded is None:
+            self._record_start()
             return 0
         state.load_state_dict(loaded.decoded.tree, source=str(loaded.path))
         self.run_id = str(loaded.decoded.meta.get("run_id", self.run_id))
@@ -102,6 +104,10 @@ class Checkpointer:
                 }
             )
         return loaded.decoded.step
+
+    def _record_start(self) -> None:
+        if self.journal is not None:
+            self.journal.write({"event": "start", "run_id": self.run_id})
 
     def maybe_save(
         self, state: TrainState, step: int, *, metrics: dict[str, Any] | None = None

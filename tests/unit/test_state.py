@@ -110,3 +110,19 @@ def test_bad_components():
         TrainState(rng=object())
     with pytest.raises(ConfigError, match="state_dict"):
         TrainState(thing=object())
+
+
+def test_grad_scaler_state_roundtrips_through_the_format():
+    from recovery import codec
+
+    scaler = torch.amp.GradScaler("cpu", init_scale=1024.0, growth_interval=7)
+    scaler._lazy_init_scale_growth_tracker(torch.device("cpu"))
+    scaler.update(new_scale=256.0)
+    skeleton, tensors = codec.split(TrainState(scaler=scaler).state_dict())
+    tree = codec.join(
+        codec.loads_json(codec.dumps_json(skeleton), name="s"),
+        codec.tensors_from_bytes(codec.tensors_to_bytes(tensors), name="t"),
+    )
+    fresh = torch.amp.GradScaler("cpu")
+    TrainState(scaler=fresh).load_state_dict(tree)
+    assert fresh.get_scale() == 256.0 and fresh.get_growth_interval() == 7

@@ -1,0 +1,39 @@
+"""The README must keep telling the truth about the commands, keys and exit codes."""
+
+import re
+from pathlib import Path
+
+from recovery import cli
+
+README = (Path(__file__).resolve().parents[2] / "README.md").read_text()
+
+
+def test_two_commands():
+    assert "make demo" in README and "make test" in README
+
+
+def test_every_exit_code_is_documented():
+    table = dict(re.findall(r"^\| (\d+) \| (.+) \|$", README, flags=re.M))
+    for _, code, _ in cli.EXIT_CODES:
+        assert str(code) in table, f"exit code {code} missing from README"
+
+
+def test_public_config_keys_are_documented():
+    for key in (
+        "recipe=",
+        "seed=",
+        "train.steps=",
+        "checkpoint.root=",
+        "checkpoint.every_steps=",
+        "checkpoint.keep_last=",
+        "checkpoint.keep_every=",
+        "run.name=",
+        "+resume=",
+    ):
+        assert f"`{key}`" in README, key
+
+
+def test_cli_subcommands_are_documented():
+    sub = next(a for a in cli.build_parser()._actions if a.dest == "command")
+    for name in sub.choices:
+        assert f"recovery {name}" in README
