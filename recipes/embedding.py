@@ -21,12 +21,13 @@ from omegaconf import DictConfig, OmegaConf
 from torch import nn
 
 from recipes.data import DataConfig, Interactions, load
-from recovery import faults
+from recovery import faults, provenance, trust
 from recovery.checkpointer import Checkpointer
-from recovery.config import CheckpointConfig, RunConfig, TrainConfig, resolved_yaml, typed
+from recovery.config import CheckpointConfig, RunConfig, SigningConfig, TrainConfig, typed
 from recovery.errors import ConfigError
 from recovery.journal import Journal
 from recovery.layout import METRICS_FILE
+from recovery.purpose import PurposeSpec
 from recovery.sampler import ResumableSampler
 from recovery.state import TrainState
 
@@ -142,8 +143,67 @@ def build(
     return model, TrainState(model=model, optimizer=opt, scheduler=sched, sampler=sampler)
 
 
+def model_config(rc: EmbeddingConfig) -> dict[str, object]:
+    """What rebuilds this recipe's model: recorded in every artifact for warm starts."""
+    return {
+        "recipe": rc.name,
+        "class": "DotProduct",
+        "num_users": rc.data.num_users,
+        "num_items": rc.data.num_items,
+        "dim": rc.model.dim,
+        "dropout": rc.model.dropout,
+    }
+
+
+def hydra_overrides() -> list[str]:
+    """The command-line overrides of this Hydra job (empty outside ``@hydra.main``)."""
+    from hydra.core.hydra_config import HydraConfig
+
+    if not HydraConfig.initialized():
+        return []
+    return list(HydraConfig.get().overrides.task)
+
+
+def make_checkpointer(
+    cfg: DictConfig,
+    ck: CheckpointConfig,
+    run_dir: Path,
+    *,
+    final_step: int,
+    data_root: Path,
+    model_cfg: dict[str, object],
+    journal: Journal,
+) -> Checkpointer:
+    """A checkpointer wired to the run's signer, trust store, provenance and purposes."""
+    signing_cfg = typed(SigningConfig, cfg.signing, key="signing")
+    signer = trust.resolve_signer(signing_cfg)
+    resolved = {str(k): v for k, v in OmegaConf.to_container(cfg, resolve=True).items()}  # type: ignore[union-attr]
+    redacted, _ = provenance.redact(resolved)
+    return Checkpointer(
+        ck,
+        run_dir,
+        final_step=final_step,
+        signer=signer,
+        trust=trust.resolve_trust(signing_cfg, signer),
+        allow_untrusted=signing_cfg.allow_untrusted,
+        provenance=provenance.capture(
+            config=resolved,
+            overrides=hydra_overrides(),
+            data=data_root,
+            project_root=Path(__file__).resolve().parent.parent,
+        ),
+        config=redacted,
+        model_config=model_cfg,
+        purposes={
+            name: typed(PurposeSpec, node, key=f"purposes.{name}")
+            for name, node in cfg.purposes.items()
+        },
+        journal=journal,
+    )
+
+
 def run(cfg: DictConfig) -> int:
-    """Train (or resume) the embedding recipe as ``cfg`` says; return 0."""
+    """Train (or resume, or warm-start) the embedding recipe as ``cfg`` says; return 0."""
     rc = typed(EmbeddingConfig, cfg.recipe, key="recipe")
     ck = typed(CheckpointConfig, cfg.checkpoint, key="checkpoint")
     run_cfg = typed(RunConfig, cfg.run, key="run")
@@ -158,10 +218,20 @@ def run(cfg: DictConfig) -> int:
 
     run_dir = Path(ck.root) / run_cfg.name
     journal = Journal(run_dir / METRICS_FILE)
-    ckpt = Checkpointer(
-        ck, run_dir, final_step=train.steps, config_yaml=resolved_yaml(cfg), journal=journal
+    ckpt = make_checkpointer(
+        cfg,
+        ck,
+        run_dir,
+        final_step=train.steps,
+        data_root=Path(rc.data.root),
+        model_cfg=model_config(rc),
+        journal=journal,
     )
-    step = ckpt.restore(state, OmegaConf.select(cfg, "resume", default=None))
+    step = ckpt.restore(
+        state,
+        OmegaConf.select(cfg, "resume", default=None),
+        init_from=OmegaConf.select(cfg, "init_from", default=None),
+    )
     log.info("run %s: step %d of %d, %d examples", run_dir, step, train.steps, len(data))
 
     loss_fn = nn.BCEWithLogitsLoss()

@@ -17,8 +17,10 @@ from typing import Any
 
 import torch
 
-from recovery import errors, reader, snapshot
+from recovery import audit, errors, resume, signing
+from recovery.config import SigningConfig
 from recovery.layout import scan
+from recovery.signing import PUBLIC_KEY_FILE, TrustStore
 from recovery.state import MODEL
 
 # Most specific first: the first isinstance match decides the code.
@@ -30,7 +32,12 @@ EXIT_CODES: list[tuple[type[BaseException], int, str]] = [
     (errors.ExtraFileError, 7, "an unlisted file is present"),
     (errors.TruncatedFileError, 8, "a file has the wrong size"),
     (errors.DigestMismatchError, 9, "a file's sha256 does not match"),
+    (errors.SignatureError, 16, "signature bundle malformed or signature invalid"),
+    (errors.UntrustedSignerError, 17, "signer not in the trust store"),
     (errors.VerificationError, 15, "verification failed"),
+    (errors.PurposeError, 18, "artifact's purpose cannot serve the requested use"),
+    (errors.DriftError, 19, "strict resume refused: code, dependencies, data or config changed"),
+    (errors.SigningKeyError, 20, "signing key unreadable or unsupported"),
     (errors.FormatError, 10, "verified bytes do not decode"),
     (errors.IncompatibleStateError, 11, "checkpoint does not fit this run"),
     (errors.ConfigError, 12, "invalid configuration"),
@@ -68,58 +75,98 @@ def parameters_digest(model_state: dict[str, Any]) -> str:
 
 
 def _emit(args: argparse.Namespace, data: Any, text: str) -> None:
-    print(json.dumps(data, indent=1, sort_keys=True) if args.json else text)
+    print(json.dumps(data, indent=1, sort_keys=True, default=str) if args.json else text)
 
 
-def _check(path: Path) -> tuple[reader.Verified, snapshot.Decoded]:
-    verified = reader.read_verified(path)
-    return verified, snapshot.decode(verified)
+def _trust(args: argparse.Namespace) -> TrustStore:
+    defaults = SigningConfig()
+    paths = [Path(p) for p in args.trusted] if args.trusted else [Path(defaults.trusted)]
+    return TrustStore.from_paths(paths, dev_keys=[Path(defaults.dev_key_dir) / PUBLIC_KEY_FILE])
+
+
+def _load(args: argparse.Namespace, path: Path) -> resume.Loaded:
+    return resume.load(path, _trust(args), allow_untrusted=args.allow_untrusted)
+
+
+def signer_text(signer: dict[str, Any] | None) -> str:
+    """``63f7f2ef1a2b (dev key, trusted)``."""
+    if not signer:
+        return "unsigned"
+    tags = [
+        t for t, on in (("dev key", signer.get("dev")), ("trusted", signer.get("trusted"))) if on
+    ]
+    if not signer.get("trusted"):
+        tags.append("UNTRUSTED")
+    return f"{str(signer.get('key_id'))[:12]} ({', '.join(tags)})"
+
+
+def _signer(loaded: resume.Loaded) -> dict[str, Any] | None:
+    check = loaded.manifest.signer
+    if check is None:
+        return None
+    dev = check.dev or bool((loaded.manifest.recovery.get("signer") or {}).get("dev"))
+    return {"key_id": check.key_id, "trusted": check.trusted, "dev": dev, "source": check.source}
 
 
 def cmd_verify(args: argparse.Namespace) -> int:
-    verified, decoded = _check(Path(args.path))
-    mf = verified.manifest
-    data = {
-        "path": str(verified.path),
+    loaded = _load(args, Path(args.path))
+    mf = loaded.manifest
+    data: dict[str, Any] = {
+        "path": str(loaded.path),
         "ok": True,
-        "step": decoded.step,
-        "purpose": mf.recovery.get("purpose"),
+        "step": loaded.decoded.step,
+        "purpose": mf.purpose,
+        "components": loaded.components,
         "files": len(mf.files),
         "sha256": mf.root,
+        "signer": _signer(loaded),
     }
     _emit(
         args,
         data,
-        f"OK {verified.path}: step {decoded.step}, {len(mf.files)} files verified, "
+        f"OK {loaded.path}: step {loaded.decoded.step}, purpose {mf.purpose}, "
+        f"{len(mf.files)} files verified, signed by {signer_text(data['signer'])}, "
         f"sha256 {mf.root}",
     )
     return 0
 
 
 def cmd_inspect(args: argparse.Namespace) -> int:
-    verified, decoded = _check(Path(args.path))
-    mf = verified.manifest
+    loaded = _load(args, Path(args.path))
+    mf, decoded = loaded.manifest, loaded.decoded
+    rec = mf.recovery
     model = decoded.tree.get(MODEL)
+    prov = rec.get("provenance", {})
     data = {
-        "path": str(verified.path),
+        "path": str(loaded.path),
         "step": decoded.step,
-        "purpose": mf.recovery.get("purpose"),
-        "run_id": mf.recovery.get("run_id"),
-        "components": sorted(decoded.tree),
+        "purpose": mf.purpose,
+        "run_id": rec.get("run_id"),
+        "components": loaded.components,
         "files": [{"name": r.name, "size": r.size, "sha256": r.sha256} for r in mf.files],
         "sha256": mf.root,
         "parameters_sha256": parameters_digest(model) if isinstance(model, dict) else None,
         "metrics": decoded.meta.get("metrics", {}),
-        "previous": mf.recovery.get("previous"),
+        "signer": _signer(loaded),
+        "previous": rec.get("previous"),
+        "parent": rec.get("parent"),
+        "code": prov.get("code"),
+        "dataset": prov.get("dataset"),
+        "config_sha256": prov.get("config", {}).get("sha256"),
     }
+    code = prov.get("code") or {}
     lines = [
-        f"checkpoint  {verified.path}",
+        f"checkpoint  {loaded.path}",
         f"step        {decoded.step}",
-        f"purpose     {data['purpose']}",
+        f"purpose     {mf.purpose}",
         f"run id      {data['run_id']}",
-        f"components  {', '.join(data['components'])}",
+        f"signer      {signer_text(data['signer'])}",
+        f"components  {', '.join(loaded.components)}",
         f"parameters  sha256 {data['parameters_sha256']}",
         f"metrics     {json.dumps(data['metrics'], sort_keys=True)}",
+        f"code        {code.get('commit') or code.get('reason')}"
+        + (" (dirty)" if code.get("dirty") else ""),
+        f"dataset     {(prov.get('dataset') or {}).get('version')}",
         f"sha256      {mf.root}",
         "files:",
         *(f"  {r.name:<24} {r.size:>12}  {r.sha256}" for r in mf.files),
@@ -133,48 +180,156 @@ def cmd_ls(args: argparse.Namespace) -> int:
     if not run_dir.is_dir():
         raise errors.CheckpointNotFoundError(f"{run_dir}: no such run directory", path=run_dir)
     listing = scan(run_dir)
+    trust = _trust(args)
     rows: list[dict[str, Any]] = []
     for step, path in listing.committed:
         row: dict[str, Any] = {"step": step, "path": str(path), "purpose": None, "size": 0}
         try:
-            verified, decoded = _check(path)
+            loaded = resume.load(path, trust, allow_untrusted=args.allow_untrusted)
             row.update(
-                purpose=verified.manifest.recovery.get("purpose"),
-                size=sum(r.size for r in verified.manifest.files),
+                purpose=loaded.manifest.purpose,
+                size=sum(r.size for r in loaded.manifest.files),
                 verified=True,
                 status="ok",
-                loss=decoded.meta.get("metrics", {}).get("loss"),
+                signer=_signer(loaded),
+                loss=loaded.decoded.meta.get("metrics", {}).get("loss"),
             )
         except errors.RecoveryError as err:
             row.update(verified=False, status=type(err).__name__, error=str(err))
         rows.append(row)
     for path in listing.stale:
         rows.append({"step": None, "path": str(path), "verified": False, "status": "partial"})
-    lines = [f"{'step':>10}  {'purpose':<13} {'size':>12}  {'verified':<8}  status"]
+    lines = [f"{'step':>10}  {'purpose':<13} {'size':>10}  {'verified':<8}  {'signer':<32}  status"]
     for r in rows:
         step_txt = str(r["step"]) if r["step"] is not None else "-"
+        signer = signer_text(r.get("signer")) if r.get("signer") else "-"
         lines.append(
-            f"{step_txt:>10}  {r.get('purpose') or '-':<13} {r.get('size', 0):>12}  "
-            f"{'yes' if r['verified'] else 'NO':<8}  {r['status']}  {Path(r['path']).name}"
+            f"{step_txt:>10}  {r.get('purpose') or '-':<13} {r.get('size', 0):>10}  "
+            f"{'yes' if r['verified'] else 'NO':<8}  {signer:<32}  "
+            f"{r['status']}  {Path(r['path']).name}"
         )
     _emit(args, {"run_dir": str(run_dir), "checkpoints": rows}, "\n".join(lines))
     return 0
 
 
+def cmd_keygen(args: argparse.Namespace) -> int:
+    priv, pub = signing.generate_keypair(Path(args.out), overwrite=args.force)
+    kid = signing.key_id(pub.read_bytes())
+    data = {"private_key": str(priv), "public_key": str(pub), "key_id": kid}
+    _emit(
+        args,
+        data,
+        f"private key {priv} (mode 0600; keep it secret)\npublic key  {pub}\nkey id      {kid}\n"
+        f"sign with:  signing.key={priv}  (or RECOVERY_SIGNING_KEY={priv})\n"
+        f"trust with: copy {pub.name} into the signing.trusted directory of each reader",
+    )
+    return 0
+
+
+def audit_text(report: audit.Report) -> str:
+    """One line per link, newest first."""
+    out = [f"audit of {report.path}"]
+    marks = {audit.OK: "[ok]    ", audit.PRUNED: "[pruned]", audit.FAILED: "[FAILED]"}
+    for i, link in enumerate(report.links):
+        arrow = "" if i == 0 else f"<- {link.relation}: "
+        parts = [f"{marks[link.status]} {arrow}{link.name}", f"step {link.step}"]
+        if link.purpose:
+            parts.append(link.purpose)
+        if link.run_id:
+            parts.append(f"run {str(link.run_id)[:8]}")
+        if link.status == audit.OK:
+            code = link.code or {}
+            parts.append(f"signer {signer_text(link.signer)}")
+            commit = code.get("commit")
+            parts.append(
+                "code "
+                + (str(commit)[:10] if commit else "not-git")
+                + (" dirty" if code.get("dirty") else "")
+            )
+            parts.append(f"data {link.dataset}")
+        elif link.status == audit.PRUNED:
+            parts.append(
+                f"not on disk (deleted by retention), recorded sha256 {str(link.sha256)[:16]}"
+            )
+        if link.drift:
+            parts.append("drift since: " + ",".join(link.drift))
+        out.append("  " + "  ".join(parts))
+        if link.error:
+            out.append(f"      error: {link.error}")
+    if report.lineage:
+        first = report.lineage[0]
+        out.append(f"  -- start of run {str(first.get('run_id'))[:8]} (fresh)")
+        kinds = [s.get("kind") for s in report.lineage]
+        out.append(
+            f"segments: {len(kinds)} ({', '.join(str(k) for k in kinds)}); "
+            f"links: {len(report.links)}, "
+            f"verified {sum(link.status == audit.OK for link in report.links)}, "
+            f"pruned {sum(link.status == audit.PRUNED for link in report.links)}, "
+            f"failed {len(report.failures)}"
+        )
+    out.append("result: " + ("OK" if report.ok else f"FAILED at {report.failures[0].name}"))
+    return "\n".join(out)
+
+
+def cmd_audit(args: argparse.Namespace) -> int:
+    report = audit.audit(
+        Path(args.path),
+        _trust(args),
+        allow_untrusted=args.allow_untrusted,
+        root=Path(args.root) if args.root else None,
+    )
+    _emit(args, report.as_dict(), audit_text(report))
+    if report.ok:
+        return 0
+    first = report.failures[0]
+    print(f"error: audit failed at {first.name}: {first.error}", file=sys.stderr)
+    return exit_code(first.exception) if first.exception else 1
+
+
 def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(
-        prog="recovery", description="Verify, inspect and list exact-resume training checkpoints."
+        prog="recovery",
+        description="Verify, inspect, audit and list signed exact-resume training checkpoints.",
     )
     sub = parser.add_subparsers(dest="command", required=True)
-    p = sub.add_parser("ls", help="table of a run's checkpoints, each verified")
+    reading = []
+    p = sub.add_parser("ls", help="table of a run's checkpoints, each verified, with signer")
     p.add_argument("run_dir", help="<checkpoint.root>/<run.name>")
     p.set_defaults(func=cmd_ls)
-    p = sub.add_parser("verify", help="check every file of a checkpoint against its manifest")
+    reading.append(p)
+    p = sub.add_parser("verify", help="signature, trust, every file's hash, purpose contract")
     p.add_argument("path")
     p.set_defaults(func=cmd_verify)
-    p = sub.add_parser("inspect", help="step, components, per-file digests, parameter digest")
+    reading.append(p)
+    p = sub.add_parser("inspect", help="step, purpose, signer, components, digests, provenance")
     p.add_argument("path")
     p.set_defaults(func=cmd_inspect)
+    reading.append(p)
+    p = sub.add_parser("audit", help="verify and walk the lineage back to the run's start")
+    p.add_argument("path")
+    p.add_argument(
+        "--root", help="checkpoint root to find ancestors in (default: above the run dir)"
+    )
+    p.set_defaults(func=cmd_audit)
+    reading.append(p)
+    for p in reading:
+        p.add_argument(
+            "--trusted",
+            action="append",
+            metavar="PATH",
+            help="trusted public key file or directory (repeatable; default .recovery/trusted; "
+            "the local dev key in .recovery/dev-key is always trusted)",
+        )
+        p.add_argument(
+            "--allow-untrusted",
+            action="store_true",
+            help="accept signatures by keys outside the trust store (still checked against "
+            "the key the statement carries)",
+        )
+    p = sub.add_parser("keygen", help="create an ECDSA P-256 signing key pair")
+    p.add_argument("--out", required=True, help="directory for recovery.key and recovery.pub")
+    p.add_argument("--force", action="store_true", help="replace an existing key pair")
+    p.set_defaults(func=cmd_keygen)
     for action in sub.choices.values():
         action.add_argument("--json", action="store_true", help="print JSON instead of text")
     return parser

@@ -1,8 +1,9 @@
 """Atomic commit of a checkpoint directory.
 
 Protocol (POSIX): write every file into ``<final>.tmp-<id>/`` beside the final
-place, hashing each chunk as it is written and fsyncing each file; write the
-manifest last and fsync it; fsync the temp directory; ``rename`` it to
+place, hashing each chunk as it is written and fsyncing each file; sign the
+statement of those digests and write it as ``model.sig``, last, and fsync it;
+fsync the temp directory; ``rename`` it to
 ``<final>``; fsync the parent. A reader that finds ``<final>`` therefore finds
 every byte the manifest lists; a crash at any earlier point leaves only a temp
 directory, which discovery ignores and :func:`remove_stale` deletes.
@@ -28,8 +29,9 @@ from typing import Any
 
 from recovery import faults, manifest
 from recovery.errors import CommitError
-from recovery.layout import MANIFEST_FILE, aside_dir_for, scan, temp_dir_for
+from recovery.layout import SIGNATURE_FILE, aside_dir_for, scan, temp_dir_for
 from recovery.manifest import FileRecord, Manifest
+from recovery.signing import Signer
 
 log = logging.getLogger(__name__)
 
@@ -69,13 +71,17 @@ def write_file(path: Path, data: bytes, *, fault_point: str | None = None) -> Fi
     return FileRecord(path.name, h.hexdigest(), len(view))
 
 
-def commit(final: Path, files: Mapping[str, bytes], recovery: dict[str, Any]) -> Manifest:
-    """Write ``files`` and their manifest, then atomically publish them as ``final``.
+def commit(
+    final: Path, files: Mapping[str, bytes], recovery: dict[str, Any], *, signer: Signer
+) -> Manifest:
+    """Write ``files`` and their signed manifest, then atomically publish them as ``final``.
 
     Args:
         final: the committed directory's path (its parent must exist).
         files: file name -> bytes, written in this order.
-        recovery: the manifest's ``recovery`` predicate (must hold ``step``).
+        recovery: the statement's ``recovery`` predicate (must hold ``step``); the
+            signer's description is added as ``signer``.
+        signer: signs the statement into ``model.sig``.
 
     Returns:
         The manifest that was committed.
@@ -93,8 +99,9 @@ def commit(final: Path, files: Mapping[str, bytes], recovery: dict[str, Any]) ->
             point = f"commit-write-{step}" if i == 0 else None
             records.append(write_file(tmp / name, data, fault_point=point))
         faults.reach(f"commit-before-manifest-{step}")
-        statement = manifest.build(final.name, records, recovery)
-        write_file(tmp / MANIFEST_FILE, manifest.seal(statement))
+        statement = manifest.build(final.name, records, {**recovery, "signer": signer.describe()})
+        body = manifest.payload(statement)
+        write_file(tmp / SIGNATURE_FILE, signer.sign(body))
         fsync_dir(tmp)
         faults.reach(f"commit-before-rename-{step}")
         aside = None
@@ -118,7 +125,7 @@ def commit(final: Path, files: Mapping[str, bytes], recovery: dict[str, Any]) ->
     except BaseException:
         shutil.rmtree(tmp, ignore_errors=True)
         raise
-    return manifest.parse(manifest.seal(statement), where=final)
+    return manifest.parse(body, where=final)
 
 
 def remove_stale(run_dir: Path) -> list[Path]:

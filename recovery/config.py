@@ -12,7 +12,7 @@ import re
 from dataclasses import dataclass
 from typing import Any, TypeVar
 
-from omegaconf import DictConfig, OmegaConf
+from omegaconf import OmegaConf
 from omegaconf.errors import OmegaConfBaseException
 
 from recovery.errors import ConfigError
@@ -34,6 +34,10 @@ class CheckpointConfig:
     """How many recent checkpoints to keep; at least 2, so a corrupt newest one has a fallback."""
     keep_every: int = 0
     """Steps that are multiples of this are milestones, kept forever; 0 keeps none."""
+    warm_start_every: int = 0
+    """Also write a warm-start artifact (weights + model config) every this many steps; 0: never."""
+    strict_resume: bool = False
+    """Refuse a resume whose code, dependencies, dataset or config differ from the checkpoint's."""
 
     def __post_init__(self) -> None:
         if not self.root:
@@ -47,6 +51,10 @@ class CheckpointConfig:
             )
         if self.keep_every < 0:
             raise ConfigError(f"checkpoint.keep_every: must be >= 0, got {self.keep_every}")
+        if self.warm_start_every < 0:
+            raise ConfigError(
+                f"checkpoint.warm_start_every: must be >= 0, got {self.warm_start_every}"
+            )
 
 
 @dataclass(kw_only=True)
@@ -80,6 +88,20 @@ class TrainConfig:
             raise ConfigError(f"train.log_every: must be positive, got {self.log_every}")
 
 
+@dataclass(kw_only=True)
+class SigningConfig:
+    """Which key signs, and which public keys are trusted."""
+
+    key: str | None = None
+    """PEM private key that signs; env ``RECOVERY_SIGNING_KEY`` overrides; unset = the dev key."""
+    trusted: str = ".recovery/trusted"
+    """Directory of trusted public keys (``*.pub``/``*.pem``), besides the signer's own."""
+    dev_key_dir: str = ".recovery/dev-key"
+    """Where the local development key is created on first use (git-ignored)."""
+    allow_untrusted: bool = False
+    """Accept checkpoints signed by keys outside the trust store (signature still checked)."""
+
+
 def typed(schema: type[T], node: Any, *, key: str) -> T:
     """Validate ``node`` (a config node or dict) against ``schema`` and build it.
 
@@ -104,8 +126,3 @@ def typed(schema: type[T], node: Any, *, key: str) -> T:
             f"{key}: expected a {schema.__name__} mapping, found {type(obj).__name__}"
         )
     return obj
-
-
-def resolved_yaml(cfg: DictConfig) -> str:
-    """The fully resolved config as YAML text (Hydra's own saved copy is unresolved)."""
-    return OmegaConf.to_yaml(cfg, resolve=True)

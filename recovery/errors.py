@@ -18,8 +18,13 @@ and what to do. Only ``recovery.cli`` maps these classes to exit codes.
     │   ├── MissingFileError                    listed file absent
     │   ├── ExtraFileError                      unlisted file present
     │   ├── TruncatedFileError                  size differs from the manifest
-    │   └── DigestMismatchError                 sha256 differs from the manifest
+    │   ├── DigestMismatchError                 sha256 differs from the manifest
+    │   ├── SignatureError                      bundle malformed or signature invalid
+    │   └── UntrustedSignerError                valid bundle, signer not in the trust store
     ├── FormatError(ValueError)                 verified bytes that do not decode
+    ├── PurposeError(ValueError)                artifact's purpose cannot serve the requested use
+    ├── DriftError(ValueError)                  strict resume refused: code/deps/data/config changed
+    ├── SigningKeyError(ValueError)             a signing key cannot be read or is unsupported
     └── IncompatibleStateError(ValueError)      checkpoint does not fit this run
 """
 
@@ -82,6 +87,54 @@ class TruncatedFileError(VerificationError):
 
 class DigestMismatchError(VerificationError):
     """A file's sha256 differs from the digest recorded in the manifest."""
+
+
+class SignatureError(VerificationError):
+    """The signature bundle is malformed, or its signature does not verify."""
+
+
+class UntrustedSignerError(VerificationError):
+    """The bundle verifies, but its signer is not in the trust store.
+
+    Attributes:
+        key_id: the signer's key id (hex sha256 of its PEM public key).
+    """
+
+    def __init__(self, message: str, *, key_id: str, path: str | Path | None = None) -> None:
+        super().__init__(message, path=path)
+        self.key_id = key_id
+
+
+class PurposeError(RecoveryError, ValueError):
+    """An artifact's declared purpose cannot serve the requested use, or lacks components.
+
+    Attributes:
+        missing: the required components the artifact does not hold.
+    """
+
+    def __init__(
+        self, message: str, *, missing: list[str] | None = None, path: str | Path | None = None
+    ) -> None:
+        super().__init__(message, path=path)
+        self.missing = missing or []
+
+
+class DriftError(RecoveryError, ValueError):
+    """A strict resume was refused because code, dependencies, data or config changed.
+
+    Attributes:
+        differences: one line per difference.
+    """
+
+    def __init__(
+        self, message: str, *, differences: list[str], path: str | Path | None = None
+    ) -> None:
+        super().__init__(message, path=path)
+        self.differences = differences
+
+
+class SigningKeyError(RecoveryError, ValueError):
+    """A signing or trusted key cannot be read, or uses an unsupported algorithm."""
 
 
 class FormatError(RecoveryError, ValueError):

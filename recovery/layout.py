@@ -16,7 +16,7 @@ from pathlib import Path
 STEP_PREFIX = "step-"
 TEMP_MARK = ".tmp-"
 ASIDE_MARK = ".aside-"
-MANIFEST_FILE = "manifest.json"
+SIGNATURE_FILE = "model.sig"
 STATE_FILE = "state.json"
 CONFIG_FILE = "config.yaml"
 METRICS_FILE = "metrics.jsonl"

@@ -7,10 +7,9 @@ digests in listed order). Our own fields ride in one extra predicate field,
 ``recovery``: format version, step, purpose, run id, file sizes, metrics and,
 later, provenance. Verifiers of that format ignore unknown fields.
 
-The statement is *sealed* into the last file written to the directory. Today
-the seal is the canonical JSON of the statement in ``manifest.json``; the
-signing layer wraps the very same statement in a DSSE envelope instead, so the
-signature slots in as the last file without changing what is hashed.
+The statement's canonical JSON (:func:`payload`) is what :mod:`recovery.signing`
+signs into ``model.sig``, the last file written to the directory; the
+signature file itself is listed in ``ignore_paths``, as model-signing expects.
 """
 
 from __future__ import annotations
@@ -19,15 +18,17 @@ import hashlib
 import json
 from dataclasses import dataclass, field
 from pathlib import Path, PurePosixPath
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from recovery.errors import ManifestError, UnsafePathError
-from recovery.layout import MANIFEST_FILE
+from recovery.layout import SIGNATURE_FILE
+
+if TYPE_CHECKING:
+    from recovery.signing import SignatureCheck
 
 STATEMENT_TYPE = "https://in-toto.io/Statement/v1"
 PREDICATE_TYPE = "https://model_signing/signature/v1.0"
 FORMAT_VERSION = 1
-SIGNATURE_FILE = "model.sig"
 
 
 @dataclass(frozen=True)
@@ -41,16 +42,21 @@ class FileRecord:
 
 @dataclass(frozen=True)
 class Manifest:
-    """A parsed, structurally valid statement."""
+    """A parsed, structurally valid statement, and who signed it."""
 
     subject: str
     root: str
     files: list[FileRecord]
     recovery: dict[str, Any] = field(default_factory=dict)
+    signer: SignatureCheck | None = None
 
     @property
     def step(self) -> int:
         return int(self.recovery.get("step", -1))
+
+    @property
+    def purpose(self) -> str:
+        return str(self.recovery.get("purpose", ""))
 
 
 def root_digest(files: list[FileRecord]) -> str:
@@ -109,19 +115,19 @@ def build(subject: str, files: list[FileRecord], recovery: dict[str, Any]) -> di
     }
 
 
-def seal(statement: dict[str, Any]) -> bytes:
-    """The bytes of the last file written: canonical JSON of the statement."""
-    return json.dumps(statement, sort_keys=True, indent=1, allow_nan=False).encode() + b"\n"
+def payload(statement: dict[str, Any]) -> bytes:
+    """The canonical bytes of a statement: what is signed."""
+    return json.dumps(statement, sort_keys=True, separators=(",", ":"), allow_nan=False).encode()
 
 
-def parse(data: bytes, *, where: Path) -> Manifest:
-    """Parse and structurally check sealed manifest bytes.
+def parse(data: bytes, *, where: Path, signer: SignatureCheck | None = None) -> Manifest:
+    """Parse and structurally check a statement's payload bytes.
 
     Raises:
         ManifestError: not JSON, not a statement of this type, or inconsistent.
         UnsafePathError: a resource name escapes the directory.
     """
-    file = where / MANIFEST_FILE
+    file = where / SIGNATURE_FILE
 
     def bad(what: str) -> ManifestError:
         return ManifestError(
@@ -162,4 +168,4 @@ def parse(data: bytes, *, where: Path) -> Manifest:
         raise bad("a resource is listed twice")
     if root_digest(files) != root:
         raise bad(f"subject digest {root} does not match the listed file digests")
-    return Manifest(subject=name, root=root, files=files, recovery=dict(extra))
+    return Manifest(subject=name, root=root, files=files, recovery=dict(extra), signer=signer)

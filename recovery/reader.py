@@ -5,8 +5,10 @@ once into memory, checks its size and sha256 against the manifest, and returns
 those bytes. Decoders then parse the same bytes, so there is no window between
 "checked" and "used" in which the file could change.
 
-Checks, each with its own error: manifest present and well formed; every
-listed name a plain relative path; no symlinks anywhere in the directory; no
+Checks, each with its own error, in this order: ``model.sig`` present; its
+signature valid and its signer trusted (before anything else is read); the
+statement well formed; every listed name a plain relative path; no symlinks
+anywhere in the directory; no
 listed file missing; no unlisted file present; each file's size, then digest.
 """
 
@@ -18,7 +20,7 @@ import stat
 from dataclasses import dataclass
 from pathlib import Path
 
-from recovery import manifest
+from recovery import manifest, signing
 from recovery.errors import (
     CheckpointNotFoundError,
     DigestMismatchError,
@@ -28,8 +30,9 @@ from recovery.errors import (
     TruncatedFileError,
     UnsafePathError,
 )
-from recovery.layout import MANIFEST_FILE, is_uncommitted, parse_step
+from recovery.layout import SIGNATURE_FILE, is_uncommitted, parse_step
 from recovery.manifest import Manifest
+from recovery.signing import TrustStore
 
 
 @dataclass(frozen=True)
@@ -68,18 +71,21 @@ def _walk(root: Path) -> tuple[set[str], list[str]]:
     return files, links
 
 
-def read_manifest(path: Path) -> Manifest:
-    """Parse the manifest of the directory ``path`` without checking any file.
+def read_manifest(path: Path, trust: TrustStore, *, allow_untrusted: bool = False) -> Manifest:
+    """Verify the signature of the directory ``path`` and parse its statement.
+
+    No other file is read.
 
     Raises:
         CheckpointNotFoundError: ``path`` is not a directory.
-        ManifestError: no manifest (an uncommitted directory) or a malformed one.
+        ManifestError: no ``model.sig`` (an uncommitted directory) or a malformed statement.
+        SignatureError, UntrustedSignerError: see :func:`recovery.signing.verify_bundle`.
     """
     if path.is_symlink():
         raise UnsafePathError(f"{path}: is a symlink; expected a checkpoint directory", path=path)
     if not path.is_dir():
         raise CheckpointNotFoundError(f"{path}: no such checkpoint directory", path=path)
-    file = path / MANIFEST_FILE
+    file = path / SIGNATURE_FILE
     if is_uncommitted(path.name):
         raise ManifestError(
             f"{path}: is the temp directory of a checkpoint write that never committed; "
@@ -90,7 +96,7 @@ def read_manifest(path: Path) -> Manifest:
         st = os.lstat(file)
     except FileNotFoundError:
         raise ManifestError(
-            f"{file}: missing. The directory was never committed (or the manifest was deleted); "
+            f"{file}: missing. The directory was never committed (or its signature was deleted); "
             "resume from another checkpoint.",
             path=file,
         ) from None
@@ -98,7 +104,10 @@ def read_manifest(path: Path) -> Manifest:
         raise UnsafePathError(
             f"{file}: expected a regular file, found a symlink or special file", path=file
         )
-    mf = manifest.parse(_read_nofollow(file), where=path)
+    check = signing.verify_bundle(
+        _read_nofollow(file), trust, where=file, allow_untrusted=allow_untrusted
+    )
+    mf = manifest.parse(check.payload, where=path, signer=check)
     named = parse_step(path.name)
     if named is not None and named != mf.step:
         raise ManifestError(
@@ -109,16 +118,24 @@ def read_manifest(path: Path) -> Manifest:
     return mf
 
 
-def read_verified(path: str | Path) -> Verified:
-    """Verify every file of a committed directory and return its bytes.
+def read_verified(
+    path: str | Path, trust: TrustStore, *, allow_untrusted: bool = False
+) -> Verified:
+    """Verify the signature and every file of a committed directory; return the bytes.
+
+    Args:
+        path: the directory.
+        trust: the public keys whose signatures are trusted.
+        allow_untrusted: accept a valid signature by a key not in ``trust``.
 
     Raises:
-        CheckpointNotFoundError, ManifestError, UnsafePathError, MissingFileError,
-        ExtraFileError, TruncatedFileError, DigestMismatchError: the first
-        failure found, naming the file, what was expected and what was found.
+        CheckpointNotFoundError, ManifestError, SignatureError, UntrustedSignerError,
+        UnsafePathError, MissingFileError, ExtraFileError, TruncatedFileError,
+        DigestMismatchError: the first failure found, naming the file, what was
+        expected and what was found.
     """
     path = Path(path)
-    mf = read_manifest(path)
+    mf = read_manifest(path, trust, allow_untrusted=allow_untrusted)
     present, links = _walk(path)
     if links:
         raise UnsafePathError(
@@ -134,7 +151,7 @@ def read_verified(path: str | Path) -> Verified:
             "Resume from another checkpoint (or fetch it again from its remote).",
             path=path / missing[0],
         )
-    extra = sorted(present - listed - {MANIFEST_FILE})
+    extra = sorted(present - listed - {SIGNATURE_FILE})
     if extra:
         raise ExtraFileError(
             f"{path}: holds {extra}, which the manifest does not list; something was added "

@@ -1,4 +1,4 @@
-"""Choose, verify and decode the checkpoint a run resumes from.
+"""Choose, verify and decode the checkpoint a run resumes from; the verifying loader.
 
 ``+resume=`` takes ``latest``, a step number, or a path to a checkpoint
 directory. ``latest`` walks committed checkpoints newest first and takes the
@@ -6,6 +6,10 @@ first that verifies and decodes, warning loudly (file, expected, found) about
 each one it passes over; with none at all it returns ``None`` and the run
 starts fresh, so the same command line is safe to requeue. A named step or
 path must verify, or the resume fails: the user asked for that one.
+
+:func:`load` is the one verifying loader every reader goes through: signature
+and trust, then every file's size and digest, then decoding of the verified
+bytes, then the artifact's own purpose contract.
 """
 
 from __future__ import annotations
@@ -14,10 +18,17 @@ import logging
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from recovery import reader, snapshot
-from recovery.errors import CheckpointNotFoundError, ConfigError, FormatError, VerificationError
+from recovery import purpose, reader, snapshot
+from recovery.errors import (
+    CheckpointNotFoundError,
+    ConfigError,
+    FormatError,
+    PurposeError,
+    VerificationError,
+)
 from recovery.layout import scan, step_dir_name
 from recovery.manifest import Manifest
+from recovery.signing import TrustStore
 from recovery.snapshot import Decoded
 
 log = logging.getLogger(__name__)
@@ -28,13 +39,16 @@ BEST = "best"
 
 @dataclass(frozen=True)
 class Loaded:
-    """A verified, decoded checkpoint chosen for a resume."""
+    """A verified, decoded artifact."""
 
     path: Path
     manifest: Manifest
     decoded: Decoded
+    components: list[str]
+    """The purpose-contract components it holds."""
+    files: dict[str, bytes] = field(repr=False, default_factory=dict)
     skipped: list[tuple[Path, str]] = field(default_factory=list)
-    """Newer checkpoints passed over, with the reason for each."""
+    """Newer checkpoints passed over (``latest`` only), with the reason for each."""
 
 
 def parse_spec(spec: object) -> str | int | Path:
@@ -59,13 +73,25 @@ def parse_spec(spec: object) -> str | int | Path:
     return Path(text)
 
 
-def load(path: Path) -> tuple[Manifest, Decoded]:
-    """Verify every byte of ``path``, then decode those bytes."""
-    verified = reader.read_verified(path)
-    return verified.manifest, snapshot.decode(verified)
+def load(path: Path, trust: TrustStore, *, allow_untrusted: bool = False) -> Loaded:
+    """Verify signature, trust and every byte of ``path``, decode them, check its contract.
+
+    Raises:
+        VerificationError (and subclasses), FormatError, PurposeError.
+    """
+    verified = reader.read_verified(path, trust, allow_untrusted=allow_untrusted)
+    decoded = snapshot.decode(verified)
+    rec = verified.manifest.recovery
+    have = snapshot.present(decoded.tree, decoded.meta, verified.files, rec)
+    purpose.check_contract(
+        verified.manifest.purpose, rec.get("requires", []), have, where=str(path)
+    )
+    return Loaded(path, verified.manifest, decoded, have, files=verified.files)
 
 
-def select(run_dir: Path, spec: object) -> Loaded | None:
+def select(
+    run_dir: Path, spec: object, trust: TrustStore, *, allow_untrusted: bool = False
+) -> Loaded | None:
     """The checkpoint ``spec`` names in ``run_dir``, verified and decoded.
 
     Returns:
@@ -74,14 +100,15 @@ def select(run_dir: Path, spec: object) -> Loaded | None:
 
     Raises:
         CheckpointNotFoundError: a named step or path does not exist.
-        VerificationError, FormatError: a named step or path is damaged.
+        VerificationError, FormatError, PurposeError: a named step or path is
+            damaged, untrusted, or not a continuation checkpoint.
         ConfigError: ``best`` (not supported yet) or a malformed spec.
     """
     want = parse_spec(spec)
     if want == BEST:
         raise ConfigError("resume=best needs best-model retention, which is not supported yet")
     if want == LATEST:
-        return _latest(run_dir)
+        return _latest(run_dir, trust, allow_untrusted)
     if isinstance(want, int):
         path = run_dir / step_dir_name(want)
         if not path.is_dir():
@@ -93,22 +120,30 @@ def select(run_dir: Path, spec: object) -> Loaded | None:
             )
     else:
         path = Path(want)
-    manifest, decoded = load(path)
-    return Loaded(path=path, manifest=manifest, decoded=decoded)
+    loaded = load(path, trust, allow_untrusted=allow_untrusted)
+    purpose.check_use(
+        purpose.RESUME, loaded.manifest.purpose, where=str(path), present=loaded.components
+    )
+    return loaded
 
 
-def _latest(run_dir: Path) -> Loaded | None:
+def _latest(run_dir: Path, trust: TrustStore, allow_untrusted: bool) -> Loaded | None:
     skipped: list[tuple[Path, str]] = []
     for _step, path in reversed(scan(run_dir).committed):
         try:
-            manifest, decoded = load(path)
-        except (VerificationError, FormatError) as err:
+            loaded = load(path, trust, allow_untrusted=allow_untrusted)
+            purpose.check_use(
+                purpose.RESUME, loaded.manifest.purpose, where=str(path), present=loaded.components
+            )
+        except (VerificationError, FormatError, PurposeError) as err:
             log.warning("RESUME FALLBACK: skipping %s, it failed verification: %s", path, err)
             skipped.append((path, str(err)))
             continue
         if skipped:
             log.warning("RESUME FALLBACK: resuming from %s instead of %s", path, skipped[0][0])
-        return Loaded(path=path, manifest=manifest, decoded=decoded, skipped=skipped)
+        return Loaded(
+            loaded.path, loaded.manifest, loaded.decoded, loaded.components, loaded.files, skipped
+        )
     if skipped:
         log.warning(
             "no checkpoint in %s verifies (%d damaged); starting fresh", run_dir, len(skipped)

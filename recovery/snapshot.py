@@ -13,7 +13,7 @@ from typing import Any
 
 from recovery import codec
 from recovery.errors import FormatError
-from recovery.layout import CONFIG_FILE, STATE_FILE, TENSOR_SUFFIX, tensor_file
+from recovery.layout import CONFIG_FILE, STATE_FILE, tensor_file
 from recovery.reader import Verified
 
 STATE_FORMAT = 1
@@ -87,10 +87,24 @@ def decode(verified: Verified) -> Decoded:
     return Decoded(tree=tree, step=int(doc["step"]), meta=meta)
 
 
-def components_in(verified: Verified) -> list[str]:
-    """Names of the components whose tensors a checkpoint holds."""
-    return sorted(
-        rec.name[: -len(TENSOR_SUFFIX)]
-        for rec in verified.manifest.files
-        if rec.name.endswith(TENSOR_SUFFIX)
-    )
+MODEL_CONFIG = "model_config"
+
+
+def present(
+    tree: dict[str, Any], meta: dict[str, Any], files: Any, statement: dict[str, Any]
+) -> list[str]:
+    """The purpose-contract components an artifact holds.
+
+    State components (``model``, ``optimizer``, ...) plus ``config`` (a
+    ``config.yaml``), ``model_config`` (in ``state.json``), ``provenance`` and
+    ``lineage`` (in the signed statement).
+    """
+    names = set(tree)
+    if CONFIG_FILE in files:
+        names.add("config")
+    if meta.get(MODEL_CONFIG) is not None:
+        names.add(MODEL_CONFIG)
+    for key in ("provenance", "lineage"):
+        if statement.get(key):
+            names.add(key)
+    return sorted(names)

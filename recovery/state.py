@@ -131,16 +131,24 @@ class TrainState:
         tree[RNG] = rng.capture()
         return tree
 
-    def mismatches(self, tree: Mapping[str, Any]) -> list[str]:
-        """Every reason ``tree`` cannot be loaded into this state, empty if it can."""
-        problems = [
-            f"component '{n}' is not in the checkpoint" for n in self.names if n not in tree
-        ]
-        problems += [
-            f"checkpoint has component '{n}', which this run does not register"
-            for n in tree
-            if n not in self.names
-        ]
+    def mismatches(self, tree: Mapping[str, Any], only: list[str] | None = None) -> list[str]:
+        """Every reason ``tree`` cannot be loaded into this state, empty if it can.
+
+        Args:
+            tree: component name -> state.
+            only: check just these components (a partial load); default all, and
+                the component sets must then match exactly.
+        """
+        wanted = only if only is not None else self.names
+        problems = [f"component '{n}' is not in the checkpoint" for n in wanted if n not in tree]
+        if only is None:
+            problems += [
+                f"checkpoint has component '{n}', which this run does not register"
+                for n in tree
+                if n not in self.names
+            ]
+        else:
+            tree = {k: v for k, v in tree.items() if k in only}
         model = self.components.get(MODEL)
         if isinstance(model, torch.nn.Module) and MODEL in tree:
             problems += model_mismatches(tree[MODEL], model.state_dict())
@@ -155,15 +163,17 @@ class TrainState:
             problems += rng.validate(tree[RNG])
         return problems
 
-    def load_state_dict(self, tree: Mapping[str, Any], *, source: str = "checkpoint") -> None:
-        """Restore every component and the RNG streams from ``tree``.
+    def load_state_dict(
+        self, tree: Mapping[str, Any], *, source: str = "checkpoint", only: list[str] | None = None
+    ) -> None:
+        """Restore every component (or just ``only``) and the RNG streams from ``tree``.
 
         Everything is checked before anything is applied.
 
         Raises:
             IncompatibleStateError: listing every mismatch; nothing was changed.
         """
-        problems = self.mismatches(tree)
+        problems = self.mismatches(tree, only)
         if problems:
             raise IncompatibleStateError(
                 f"{source} does not fit this run ({len(problems)} mismatches):\n  "
@@ -173,5 +183,7 @@ class TrainState:
                 path=source if source != "checkpoint" else None,
             )
         for name, obj in self.components.items():
-            obj.load_state_dict(tree[name])
-        rng.restore(tree[RNG])
+            if only is None or name in only:
+                obj.load_state_dict(tree[name])
+        if only is None or RNG in only:
+            rng.restore(tree[RNG])

@@ -2,13 +2,43 @@
 
 from __future__ import annotations
 
+import base64
+import json
+from pathlib import Path
+
 import pytest
 import torch
 
-from recovery import commit, snapshot
-from recovery.layout import step_dir_name
+from recovery import commit, manifest, provenance, snapshot
+from recovery.layout import SIGNATURE_FILE, step_dir_name
+from recovery.purpose import BUILTIN
 from recovery.sampler import ResumableSampler
+from recovery.signing import Signer, TrustStore, generate_keypair
 from recovery.state import TrainState
+
+
+def make_signer(directory: Path) -> Signer:
+    """A signer whose key pair lives in ``directory`` (created once)."""
+    if not (directory / "recovery.key").exists():
+        generate_keypair(directory)
+    return Signer(directory / "recovery.key")
+
+
+@pytest.fixture(scope="session")
+def signer(tmp_path_factory) -> Signer:
+    return make_signer(tmp_path_factory.mktemp("keys"))
+
+
+@pytest.fixture(scope="session")
+def trust(signer) -> TrustStore:
+    store = TrustStore()
+    store.add_pem(signer.public_pem, source="test key")
+    return store
+
+
+@pytest.fixture(scope="session")
+def prov() -> dict:
+    return provenance.capture(config={"seed": 0})
 
 
 def tiny_state(seed: int = 0, width: int = 4) -> TrainState:
@@ -41,20 +71,37 @@ def train_steps(state: TrainState, n: int) -> list[float]:
     return losses
 
 
-def commit_state(run_dir, state: TrainState, step: int):
+def commit_state(run_dir, state: TrainState, step: int, signer: Signer, **extra):
+    """Commit ``state`` as a continuation checkpoint the way the checkpointer does."""
     run_dir.mkdir(parents=True, exist_ok=True)
     files = snapshot.encode(
         state.state_dict(), step=step, meta={"run_id": "r"}, config_yaml="seed: 0\n"
     )
-    return commit.commit(
-        run_dir / step_dir_name(step), files, {"step": step, "purpose": "continuation"}
-    )
+    statement = {
+        "step": step,
+        "purpose": "continuation",
+        "requires": BUILTIN["continuation"].requires,
+        "provenance": {"tool": {"name": "recovery"}},
+        **extra,
+    }
+    return commit.commit(run_dir / step_dir_name(step), files, statement, signer=signer)
+
+
+def resign(path: Path, signer: Signer, edit) -> None:
+    """Apply ``edit`` to the statement in ``path``'s model.sig and sign it again with ``signer``."""
+    bundle = json.loads((path / SIGNATURE_FILE).read_bytes())
+    statement = json.loads(base64.b64decode(bundle["dsseEnvelope"]["payload"]))
+    edit(statement)
+    res = statement["predicate"]["resources"]
+    recs = [manifest.FileRecord(r["name"], r["digest"], 0) for r in res]
+    statement["subject"][0]["digest"]["sha256"] = manifest.root_digest(recs)
+    (path / SIGNATURE_FILE).write_bytes(signer.sign(manifest.payload(statement)))
 
 
 @pytest.fixture
-def checkpoint(tmp_path):
+def checkpoint(tmp_path, signer):
     """A committed checkpoint of a tiny model after 3 steps: (path, state)."""
     state = tiny_state()
     train_steps(state, 3)
-    commit_state(tmp_path / "run", state, 3)
+    commit_state(tmp_path / "run", state, 3, signer)
     return tmp_path / "run" / step_dir_name(3), state

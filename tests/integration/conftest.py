@@ -16,6 +16,7 @@ import torch
 from recovery import faults, resume
 from recovery.journal import effective_steps
 from recovery.layout import METRICS_FILE, step_dir_name
+from recovery.trust import KEY_ENV
 
 ROOT = Path(__file__).resolve().parents[2]
 TRAIN = ROOT / "train.py"
@@ -50,12 +51,18 @@ def data_root(tmp_path_factory):
 
 
 @pytest.fixture
-def trainer(data_root):
+def trainer(data_root, signer):
     """``trainer(root, *overrides, pause_at=None)`` runs train.py; with ``pause_at`` it is
-    SIGKILLed when it reaches that :mod:`recovery.faults` point."""
+    SIGKILLed when it reaches that :mod:`recovery.faults` point. Runs sign with the
+    session's test key (``dev_key=True``: with the auto-made dev key instead)."""
 
     def run(
-        root: Path, *overrides: str, pause_at: str | None = None, timeout: float = 180
+        root: Path,
+        *overrides: str,
+        pause_at: str | None = None,
+        timeout: float = 180,
+        dev_key: bool = False,
+        cwd: Path | None = None,
     ) -> Result:
         root.mkdir(parents=True, exist_ok=True)
         cmd = [
@@ -67,6 +74,9 @@ def trainer(data_root):
             *overrides,
         ]
         env = {**os.environ, "PYTHONUNBUFFERED": "1"}
+        env.pop(KEY_ENV, None)
+        if not dev_key:
+            env[KEY_ENV] = str(signer.path)
         mark = root / "paused.mark"
         mark.unlink(missing_ok=True)
         if pause_at:
@@ -74,7 +84,9 @@ def trainer(data_root):
             env[faults.MARK_ENV] = str(mark)
         log_path = root / f"train-{time.monotonic_ns()}.log"
         with open(log_path, "w") as log:
-            proc = subprocess.Popen(cmd, cwd=root, stdout=log, stderr=subprocess.STDOUT, env=env)
+            proc = subprocess.Popen(
+                cmd, cwd=cwd or root, stdout=log, stderr=subprocess.STDOUT, env=env
+            )
             deadline = time.monotonic() + timeout
             if pause_at:
                 while not mark.exists():
@@ -95,7 +107,7 @@ def trainer(data_root):
 
 
 @pytest.fixture(scope="session")
-def reference(tmp_path_factory, data_root):
+def reference(tmp_path_factory, data_root, signer):
     """Run A: the uninterrupted run to STEPS."""
     root = tmp_path_factory.mktemp("reference")
     cmd = [
@@ -105,17 +117,17 @@ def reference(tmp_path_factory, data_root):
         f"recipe.data.root={data_root}",
         *SMALL,
     ]
-    done = subprocess.run(cmd, cwd=root, capture_output=True, text=True, timeout=300)
+    env = {**os.environ, KEY_ENV: str(signer.path)}
+    done = subprocess.run(cmd, cwd=root, capture_output=True, text=True, timeout=300, env=env)
     assert done.returncode == 0, done.stdout + done.stderr
     return root / "r"
 
 
-def final_state(run_dir: Path) -> dict:
-    _, decoded = resume.load(run_dir / step_dir_name(STEPS))
-    return decoded.tree
+def final_state(run_dir: Path, trust) -> dict:
+    return resume.load(run_dir / step_dir_name(STEPS), trust).decoded.tree
 
 
-def assert_same_run(reference: Path, run_dir: Path) -> None:
+def assert_same_run(reference: Path, run_dir: Path, trust) -> None:
     """Every step's loss, lr, epoch and batch ids, and the final state, bit-identical."""
     ref = effective_steps(reference / METRICS_FILE)
     got = effective_steps(run_dir / METRICS_FILE)
@@ -124,7 +136,7 @@ def assert_same_run(reference: Path, run_dir: Path) -> None:
     for step in ref:
         for key in ("loss", "lr", "epoch", "batch"):
             assert got[step][key] == ref[step][key], f"step {step}: {key} differs"
-    a, b = final_state(reference), final_state(run_dir)
+    a, b = final_state(reference, trust), final_state(run_dir, trust)
     for component in ("model", "optimizer"):
         flat_a, flat_b = _tensors(a[component]), _tensors(b[component])
         assert flat_a.keys() == flat_b.keys()

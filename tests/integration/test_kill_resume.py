@@ -14,6 +14,10 @@ from tests.integration.conftest import assert_same_run
 pytestmark = pytest.mark.integration
 
 
+def T(signer):
+    return ["--trusted", str(signer.path.parent)]
+
+
 @pytest.mark.parametrize(
     ("kill_at", "expect_from"),
     [
@@ -23,7 +27,7 @@ pytestmark = pytest.mark.integration
     ids=["mid-epoch", "across-epoch-boundary"],
 )
 def test_sigkill_between_checkpoints_then_resume_is_bit_identical(
-    tmp_path, trainer, reference, kill_at, expect_from
+    tmp_path, trainer, reference, trust, signer, kill_at, expect_from
 ):
     # The same requeue-safe command line both times: +resume=latest on an empty run starts fresh.
     first = trainer(tmp_path, "+resume=latest", pause_at=kill_at)
@@ -34,19 +38,21 @@ def test_sigkill_between_checkpoints_then_resume_is_bit_identical(
     resumes = [r for r in read(second.run_dir / "metrics.jsonl") if r.get("event") == "resume"]
     assert resumes[-1]["step"] == expect_from
     assert resumes[-1]["from"].endswith(step_dir_name(expect_from))
-    assert_same_run(reference, second.run_dir)
+    assert_same_run(reference, second.run_dir, trust)
 
 
 @pytest.mark.parametrize("phase", ["write", "before-manifest", "before-rename"])
 def test_sigkill_during_checkpoint_write_never_uses_the_partial_dir(
-    tmp_path, trainer, reference, phase
+    tmp_path, trainer, reference, trust, signer, phase
 ):
     first = trainer(tmp_path, pause_at=f"commit-{phase}-40")
     assert first.returncode == -9
     listing = scan(first.run_dir)
     assert [s for s, _ in listing.committed] == [10, 20, 30]
     assert len(listing.stale) == 1 and listing.stale[0].name.startswith("step-00000040.tmp-")
-    assert cli.main(["verify", str(listing.stale[0])]) == 4  # never trusted, even if complete
+    assert (
+        cli.main(["verify", str(listing.stale[0]), *T(signer)]) == 4
+    )  # never trusted, even if complete
 
     second = trainer(tmp_path, "+resume=latest")
     assert second.returncode == 0, second.output
@@ -54,7 +60,7 @@ def test_sigkill_during_checkpoint_write_never_uses_the_partial_dir(
     resumes = [r for r in read(second.run_dir / "metrics.jsonl") if r.get("event") == "resume"]
     assert resumes[-1]["step"] == 30
     assert scan(second.run_dir).stale == []
-    assert_same_run(reference, second.run_dir)
+    assert_same_run(reference, second.run_dir, trust)
 
 
 def _flip(path):
@@ -77,7 +83,7 @@ def _truncate(path):
     ids=["flipped-byte", "truncated", "deleted"],
 )
 def test_corrupt_newest_checkpoint_is_refused_and_resume_falls_back(
-    tmp_path, trainer, reference, capsys, damage, file, code, words
+    tmp_path, trainer, reference, trust, signer, capsys, damage, file, code, words
 ):
     # Run B killed right after its final checkpoint (step 80) was committed: step-80 is newest.
     first = trainer(tmp_path, pause_at="step-80")
@@ -85,7 +91,7 @@ def test_corrupt_newest_checkpoint_is_refused_and_resume_falls_back(
     newest = first.run_dir / step_dir_name(80)
     damage(newest / file)
 
-    assert cli.main(["verify", str(newest), "--json"]) == code
+    assert cli.main(["verify", str(newest), "--json", *T(signer)]) == code
     err = capsys.readouterr().err
     assert file in err and words in err
 
@@ -94,8 +100,8 @@ def test_corrupt_newest_checkpoint_is_refused_and_resume_falls_back(
     assert "RESUME FALLBACK" in second.output and file in second.output
     resumes = [r for r in read(second.run_dir / "metrics.jsonl") if r.get("event") == "resume"]
     assert resumes[-1]["step"] == 70 and resumes[-1]["skipped"] == [str(newest)]
-    assert cli.main(["verify", str(newest)]) == 0  # re-saved over the damaged one
-    assert_same_run(reference, second.run_dir)
+    assert cli.main(["verify", str(newest), *T(signer)]) == 0  # re-saved over the damaged one
+    assert_same_run(reference, second.run_dir, trust)
 
 
 def test_resume_into_a_different_model_is_refused_with_every_mismatch(tmp_path, trainer):
@@ -109,16 +115,23 @@ def test_resume_into_a_different_model_is_refused_with_every_mismatch(tmp_path, 
     assert sorted(p.name for p in first.run_dir.iterdir()) == before
 
 
-def test_ls_and_inspect_on_a_real_run(reference, capsys):
-    assert cli.main(["ls", str(reference), "--json"]) == 0
+def test_ls_and_inspect_on_a_real_run(reference, capsys, signer):
+    assert cli.main(["ls", str(reference), "--json", *T(signer)]) == 0
     rows = json.loads(capsys.readouterr().out)["checkpoints"]
     assert [r["step"] for r in rows] == [60, 70, 80] and all(r["verified"] for r in rows)
-    assert cli.main(["inspect", str(reference / step_dir_name(80)), "--json"]) == 0
+    assert cli.main(["inspect", str(reference / step_dir_name(80)), "--json", *T(signer)]) == 0
     info = json.loads(capsys.readouterr().out)
     assert info["step"] == 80 and info["components"] == [
+        "config",
+        "lineage",
         "model",
+        "model_config",
         "optimizer",
+        "provenance",
         "rng",
         "sampler",
         "scheduler",
     ]
+    assert info["signer"]["trusted"] and not info["signer"]["dev"]
+    assert info["code"]["git"] is True and len(info["code"]["commit"]) == 40
+    assert info["dataset"]["source"] == "untracked" and info["dataset"]["nfiles"] == 3

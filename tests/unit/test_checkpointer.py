@@ -1,26 +1,60 @@
 import pytest
 import torch
 
+from recovery import provenance
 from recovery.checkpointer import Checkpointer
 from recovery.config import CheckpointConfig
-from recovery.errors import CheckpointNotFoundError, RunDirInUseError, TruncatedFileError
+from recovery.errors import (
+    CheckpointNotFoundError,
+    DriftError,
+    IncompatibleStateError,
+    PurposeError,
+    RunDirInUseError,
+    TruncatedFileError,
+)
 from recovery.journal import Journal, read
 from recovery.layout import scan, step_dir_name
 from tests.conftest import tiny_state, train_steps
 
+KEYS: dict = {}
 
-def run(tmp_path, steps, *, every=2, keep_last=2, keep_every=0, resume=None, state=None):
+
+@pytest.fixture(autouse=True)
+def _keys(signer, trust, prov):
+    KEYS.update(signer=signer, trust=trust, provenance=prov)
+
+
+def run(
+    tmp_path,
+    steps,
+    *,
+    every=2,
+    keep_last=2,
+    keep_every=0,
+    resume=None,
+    init_from=None,
+    state=None,
+    config=None,
+    prov=None,
+    run="run",
+    **cfg,
+):
     state = state or tiny_state()
-    journal = Journal(tmp_path / "metrics.jsonl")
+    journal = Journal(tmp_path / run / "metrics.jsonl")
     ck = Checkpointer(
         CheckpointConfig(
-            root=str(tmp_path), every_steps=every, keep_last=keep_last, keep_every=keep_every
+            root=str(tmp_path), every_steps=every, keep_last=keep_last, keep_every=keep_every, **cfg
         ),
-        tmp_path / "run",
+        tmp_path / run,
         final_step=steps,
         journal=journal,
+        signer=KEYS["signer"],
+        trust=KEYS["trust"],
+        provenance=prov or KEYS["provenance"],
+        config=config or {"seed": 0, "lr": 0.1},
+        model_config={"width": 4},
     )
-    step = ck.restore(state, resume)
+    step = ck.restore(state, resume, init_from=init_from)
     losses = {}
     while step < steps:
         (loss,) = train_steps(state, 1)
@@ -45,7 +79,7 @@ def test_resume_latest_continues_exactly(tmp_path):
     assert ck.resumed_from.name == step_dir_name(5)
     assert losses == {s: v for s, v in ref_losses.items() if s > 5}
     assert all(torch.equal(params(ref)[k], params(state)[k]) for k in params(ref))
-    events = [r for r in read(b_dir / "metrics.jsonl") if r.get("event") == "resume"]
+    events = [r for r in read(b_dir / "run" / "metrics.jsonl") if r.get("event") == "resume"]
     assert events[0]["step"] == 5
 
 
@@ -91,3 +125,78 @@ def test_resume_by_path(tmp_path):
     run(tmp_path, 4)
     _, losses, _ = run(tmp_path, 6, resume=str(tmp_path / "run" / step_dir_name(4)))
     assert sorted(losses) == [5, 6]
+
+
+def test_drift_is_warned_recorded_and_strict_refuses(tmp_path, caplog):
+    run(tmp_path, 4)
+    changed = {**KEYS["provenance"], "dataset": {"version": "sha256:other"}}
+    with pytest.raises(DriftError) as err:
+        run(
+            tmp_path,
+            6,
+            resume="latest",
+            config={"seed": 0, "lr": 0.2},
+            prov=changed,
+            strict_resume=True,
+        )
+    assert "config: lr: 0.1 -> 0.2" in err.value.differences
+    assert any(d.startswith("dataset: ") for d in err.value.differences)
+    run(tmp_path, 6, resume="latest", config={"seed": 0, "lr": 0.2}, prov=changed)
+    assert "DRIFT since step-00000004: config: lr: 0.1 -> 0.2" in caplog.text
+    from recovery import resume as resume_mod
+
+    newest = resume_mod.load(tmp_path / "run" / step_dir_name(6), KEYS["trust"])
+    assert "config: lr: 0.1 -> 0.2" in newest.manifest.recovery["lineage"][-1]["drift"]
+
+
+def test_warm_start_is_a_new_run_with_the_source_as_parent(tmp_path):
+    _, _, src = run(tmp_path, 4, run="src")
+    source = tmp_path / "src" / step_dir_name(4)
+    state, losses, ck = run(tmp_path, 3, init_from=str(source), run="new")
+    assert sorted(losses) == [1, 2, 3]  # step 0, fresh schedule and sampler
+    assert ck.run_id != src.run_id
+    assert ck.parent["kind"] == "warm_start" and ck.parent["path"] == "src/step-00000004"
+    assert [s["kind"] for s in ck.lineage] == ["start", "warm_start"]
+    fresh = tiny_state()
+    train_steps(fresh, 3)  # same init seed and data, but not warm-started
+    assert not torch.equal(
+        fresh.components["model"].state_dict()["0.weight"],
+        state.components["model"].state_dict()["0.weight"],
+    )
+
+
+def test_warm_start_of_a_different_model_lists_mismatches(tmp_path):
+    run(tmp_path, 2, run="src")
+    with pytest.raises(IncompatibleStateError, match="checkpoint shape"):
+        run(
+            tmp_path,
+            2,
+            init_from=str(tmp_path / "src" / step_dir_name(2)),
+            run="new",
+            state=tiny_state(width=7),
+        )
+
+
+def test_warm_start_artifacts_at_milestones(tmp_path):
+    run(tmp_path, 6, warm_start_every=3)
+    ws = tmp_path / "run" / "warm_start"
+    assert sorted(p.name for p in ws.iterdir()) == [step_dir_name(3), step_dir_name(6)]
+    from recovery import resume as resume_mod
+
+    loaded = resume_mod.load(ws / step_dir_name(3), KEYS["trust"])
+    assert loaded.manifest.purpose == "warm_start"
+    assert set(loaded.components) == {"model", "model_config", "provenance", "config", "lineage"}
+    # resume refuses it, naming what it lacks; warm start accepts it
+    with pytest.raises(PurposeError, match="lacks .*optimizer"):
+        run(tmp_path, 8, resume=str(ws / step_dir_name(3)), run="other")
+    run(tmp_path, 2, init_from=str(ws / step_dir_name(3)), run="other2")
+
+
+def test_secret_config_values_never_reach_the_checkpoint(tmp_path):
+    config, _ = provenance.redact(
+        {"seed": 0, "db": {"password": "hunter2-SECRET"}, "api_token": "tok-SECRET"}
+    )
+    run(tmp_path, 2, config=config)
+    for f in (tmp_path / "run").rglob("*"):
+        if f.is_file():
+            assert b"SECRET" not in f.read_bytes(), f

@@ -25,7 +25,7 @@ def test_public_surface_is_pinned():
         ]
     )
     sub = next(a for a in cli.build_parser()._actions if a.dest == "command")
-    assert sorted(sub.choices) == ["inspect", "ls", "verify"]
+    assert sorted(sub.choices) == ["audit", "inspect", "keygen", "ls", "verify"]
 
 
 def test_exit_codes_are_distinct_and_cover_every_error():
@@ -40,9 +40,13 @@ def test_exit_codes_are_distinct_and_cover_every_error():
     assert declared - classes == set()
 
 
-def test_verify_ok_and_json(checkpoint, capsys):
+def trusted(signer):
+    return ["--trusted", str(signer.path.parent)]
+
+
+def test_verify_ok_and_json(checkpoint, capsys, signer):
     path, _ = checkpoint
-    assert cli.main(["verify", str(path), "--json"]) == 0
+    assert cli.main(["verify", str(path), "--json", *trusted(signer)]) == 0
     out = json.loads(capsys.readouterr().out)
     assert out["ok"] and out["step"] == 3 and out["purpose"] == "continuation"
 
@@ -59,13 +63,13 @@ def test_verify_ok_and_json(checkpoint, capsys):
         (lambda p: os.truncate(p / "state.json", 3), 8),
         (lambda p: (p / "rng.safetensors").unlink(), 6),
         (lambda p: (p / "extra").write_text("x"), 7),
-        (lambda p: (p / "manifest.json").unlink(), 4),
+        (lambda p: (p / "model.sig").unlink(), 4),
     ],
 )
-def test_verify_exit_code_per_damage(checkpoint, capsys, damage, code):
+def test_verify_exit_code_per_damage(checkpoint, capsys, signer, damage, code):
     path, _ = checkpoint
     damage(path)
-    assert cli.main(["verify", str(path)]) == code
+    assert cli.main(["verify", str(path), *trusted(signer)]) == code
     assert str(path) in capsys.readouterr().err
 
 
@@ -73,26 +77,37 @@ def test_verify_missing_dir(tmp_path, capsys):
     assert cli.main(["verify", str(tmp_path / "nope")]) == 3
 
 
-def test_inspect_and_ls(tmp_path, capsys):
+def test_inspect_and_ls(tmp_path, capsys, signer):
     state = tiny_state()
-    commit_state(tmp_path, state, 2)
-    commit_state(tmp_path, state, 4)
+    commit_state(tmp_path, state, 2, signer)
+    commit_state(tmp_path, state, 4, signer)
     (tmp_path / "step-00000006.tmp-abcdef").mkdir()
     (tmp_path / step_dir_name(4) / "state.json").write_text("{}")
-    assert cli.main(["inspect", str(tmp_path / step_dir_name(2)), "--json"]) == 0
+    assert cli.main(["inspect", str(tmp_path / step_dir_name(2)), "--json", *trusted(signer)]) == 0
     info = json.loads(capsys.readouterr().out)
-    assert info["components"] == ["model", "optimizer", "rng", "sampler", "scheduler"]
+    assert info["components"] == [
+        "config",
+        "model",
+        "optimizer",
+        "provenance",
+        "rng",
+        "sampler",
+        "scheduler",
+    ]
     assert len(info["parameters_sha256"]) == 64
     assert {f["name"] for f in info["files"]} >= {"model.safetensors", "state.json"}
-    assert cli.main(["ls", str(tmp_path), "--json"]) == 0
+    assert cli.main(["ls", str(tmp_path), "--json", *trusted(signer)]) == 0
     rows = json.loads(capsys.readouterr().out)["checkpoints"]
     assert [(r["step"], r["verified"], r["status"]) for r in rows] == [
         (2, True, "ok"),
         (4, False, "TruncatedFileError"),
         (None, False, "partial"),
     ]
-    assert cli.main(["ls", str(tmp_path)]) == 0
-    assert "partial" in capsys.readouterr().out
+    assert cli.main(["ls", str(tmp_path), *trusted(signer)]) == 0
+    out = capsys.readouterr().out
+    assert "partial" in out and signer.key_id[:12] in out and "trusted" in out
+    assert cli.main(["ls", str(tmp_path)]) == 0  # without the key: listed, not verified
+    assert "UntrustedSignerError" in capsys.readouterr().out
 
 
 def test_parameters_digest_tracks_values():
@@ -101,3 +116,25 @@ def test_parameters_digest_tracks_values():
     assert cli.parameters_digest(a) == cli.parameters_digest(b)
     b["0.bias"][0] += 1
     assert cli.parameters_digest(a) != cli.parameters_digest(b)
+
+
+def test_untrusted_signer_exit_code_and_allow_flag(checkpoint, capsys, signer):
+    path, _ = checkpoint
+    assert cli.main(["verify", str(path)]) == 17
+    assert "not in the trust store" in capsys.readouterr().err
+    assert cli.main(["verify", str(path), "--allow-untrusted", "--json"]) == 0
+    assert json.loads(capsys.readouterr().out)["signer"]["trusted"] is False
+
+
+def test_keygen(tmp_path, capsys):
+    out = tmp_path / "k"
+    assert cli.main(["keygen", "--out", str(out), "--json"]) == 0
+    info = json.loads(capsys.readouterr().out)
+    assert (out / "recovery.key").stat().st_mode & 0o777 == 0o600
+    assert (out / "recovery.key").read_text().startswith("-----BEGIN PRIVATE KEY-----")
+    assert (
+        info["key_id"]
+        == __import__("hashlib").sha256((out / "recovery.pub").read_bytes()).hexdigest()
+    )
+    assert cli.main(["keygen", "--out", str(out)]) == 20
+    assert "already exists" in capsys.readouterr().err

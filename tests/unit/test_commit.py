@@ -8,14 +8,14 @@ from recovery.layout import scan, step_dir_name
 from tests.conftest import commit_state, tiny_state
 
 
-def test_commit_leaves_only_the_final_dir(tmp_path):
-    commit_state(tmp_path, tiny_state(), 5)
+def test_commit_leaves_only_the_final_dir(tmp_path, signer, trust):
+    commit_state(tmp_path, tiny_state(), 5, signer)
     assert [p.name for p in tmp_path.iterdir()] == [step_dir_name(5)]
-    reader.read_verified(tmp_path / step_dir_name(5))
+    reader.read_verified(tmp_path / step_dir_name(5), trust)
 
 
-def test_failed_write_keeps_previous_and_leaves_no_temp(tmp_path, monkeypatch):
-    commit_state(tmp_path, tiny_state(), 5)
+def test_failed_write_keeps_previous_and_leaves_no_temp(tmp_path, monkeypatch, signer, trust):
+    commit_state(tmp_path, tiny_state(), 5, signer)
     before = {p.name: p.read_bytes() for p in (tmp_path / step_dir_name(5)).iterdir()}
     real = commit.write_file
     calls = []
@@ -28,22 +28,22 @@ def test_failed_write_keeps_previous_and_leaves_no_temp(tmp_path, monkeypatch):
 
     monkeypatch.setattr(commit, "write_file", failing)
     with pytest.raises(CommitError, match="No space left.*intact"):
-        commit_state(tmp_path, tiny_state(), 10)
+        commit_state(tmp_path, tiny_state(), 10, signer)
     listing = scan(tmp_path)
     assert [s for s, _ in listing.committed] == [5] and listing.stale == []
     assert {p.name: p.read_bytes() for p in (tmp_path / step_dir_name(5)).iterdir()} == before
 
 
-def test_recommit_same_step_replaces_atomically(tmp_path):
-    commit_state(tmp_path, tiny_state(seed=0), 5)
+def test_recommit_same_step_replaces_atomically(tmp_path, signer, trust):
+    commit_state(tmp_path, tiny_state(seed=0), 5, signer)
     (tmp_path / step_dir_name(5) / "model.safetensors").write_bytes(b"corrupt")
-    commit_state(tmp_path, tiny_state(seed=1), 5)
-    reader.read_verified(tmp_path / step_dir_name(5))
+    commit_state(tmp_path, tiny_state(seed=1), 5, signer)
+    reader.read_verified(tmp_path / step_dir_name(5), trust)
     assert scan(tmp_path).stale == []
 
 
-def test_stale_temp_removed(tmp_path, caplog):
-    commit_state(tmp_path, tiny_state(), 5)
+def test_stale_temp_removed(tmp_path, caplog, signer, trust):
+    commit_state(tmp_path, tiny_state(), 5, signer)
     stale = tmp_path / "step-00000010.tmp-abc123"
     stale.mkdir()
     (stale / "model.safetensors").write_bytes(b"half")
@@ -53,7 +53,7 @@ def test_stale_temp_removed(tmp_path, caplog):
     assert (tmp_path / step_dir_name(5)).is_dir()
 
 
-def test_files_are_fsynced_and_hash_matches(tmp_path):
+def test_files_are_fsynced_and_hash_matches(tmp_path, signer, trust):
     rec = commit.write_file(tmp_path / "f", b"x" * (commit.CHUNK * 2 + 3))
     import hashlib
 

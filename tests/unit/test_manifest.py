@@ -20,7 +20,7 @@ def test_statement_has_model_signing_shape():
     assert st["predicate"]["serialization"]["ignore_paths"] == ["model.sig"]
     expected_root = manifest.root_digest(sorted(files(), key=lambda r: r.name))
     assert st["subject"] == [{"name": "step-00000001", "digest": {"sha256": expected_root}}]
-    parsed = manifest.parse(manifest.seal(st), where=Path("x"))
+    parsed = manifest.parse(manifest.payload(st), where=Path("x"))
     assert parsed.step == 1 and parsed.recovery["sizes"] == {"a.json": 7, "b.safetensors": 5}
 
 

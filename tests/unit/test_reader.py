@@ -1,127 +1,192 @@
-"""Every kind of damage to a committed checkpoint gets its own error, and nothing is decoded."""
+"""Every kind of bad input gets its own error, raised before anything is loaded.
 
-import json
+Each case damages a committed checkpoint, then asks a Checkpointer to resume
+from it into a fresh TrainState, and checks both the specific error and that
+the state (weights, optimizer, sampler, RNG) is exactly as it was.
+"""
+
+import hashlib
 import os
 import pickle
 
 import pytest
+import torch
 
-from recovery import manifest, reader, snapshot
+from recovery import reader, rng, snapshot
+from recovery.checkpointer import Checkpointer
+from recovery.config import CheckpointConfig
 from recovery.errors import (
+    CheckpointNotFoundError,
     DigestMismatchError,
     ExtraFileError,
     FormatError,
+    IncompatibleStateError,
     ManifestError,
     MissingFileError,
+    PurposeError,
+    SignatureError,
     TruncatedFileError,
     UnsafePathError,
+    UntrustedSignerError,
 )
-from recovery.layout import MANIFEST_FILE
+from recovery.layout import SIGNATURE_FILE
+from tests.conftest import make_signer, resign, tiny_state
+
+FILES = [
+    "model.safetensors",
+    "optimizer.safetensors",
+    "rng.safetensors",
+    "state.json",
+    "config.yaml",
+]
 
 
-def test_verified_bytes_decode(checkpoint):
+def fingerprint(state):
+    model = state.components["model"].state_dict()
+    return (
+        {k: v.clone() for k, v in model.items()},
+        state.components["optimizer"].state_dict()["state"].copy(),
+        state.components["sampler"].state_dict(),
+        rng.capture()["torch"].clone(),
+    )
+
+
+def assert_refused(path, trust, signer, error, match=None, *, width=4):
+    """Resume from ``path`` must raise ``error`` and leave a fresh state untouched."""
+    state = tiny_state(seed=1, width=width)
+    before = fingerprint(state)
+    ck = Checkpointer(
+        CheckpointConfig(root=str(path.parent.parent)),
+        path.parent,
+        final_step=10,
+        signer=signer,
+        trust=trust,
+        provenance={"tool": {}},
+    )
+    with pytest.raises(error, match=match):
+        ck.restore(state, str(path))
+    after = fingerprint(state)
+    assert all(torch.equal(before[0][k], after[0][k]) for k in before[0])
+    assert before[1].keys() == after[1].keys() and before[2] == after[2]
+    assert torch.equal(before[3], after[3])
+
+
+def test_verified_bytes_decode(checkpoint, trust):
     path, _ = checkpoint
-    v = reader.read_verified(path)
-    assert set(v.files) == {
-        "model.safetensors",
-        "optimizer.safetensors",
-        "rng.safetensors",
-        "state.json",
-        "config.yaml",
-    }
+    v = reader.read_verified(path, trust)
+    assert set(v.files) == set(FILES)
     assert snapshot.decode(v).step == 3
+    assert v.manifest.signer.trusted and v.manifest.purpose == "continuation"
 
 
-@pytest.mark.parametrize(
-    "name",
-    ["model.safetensors", "optimizer.safetensors", "rng.safetensors", "state.json", "config.yaml"],
-)
-def test_flipped_byte_in_each_file(checkpoint, name):
+@pytest.mark.parametrize("name", FILES)
+def test_flipped_byte_in_each_file(checkpoint, trust, signer, name):
     path, _ = checkpoint
     f = path / name
     data = bytearray(f.read_bytes())
     data[len(data) // 2] ^= 0x01
     f.write_bytes(bytes(data))
-    with pytest.raises(DigestMismatchError, match=name):
-        reader.read_verified(path)
+    assert_refused(path, trust, signer, DigestMismatchError, name)
 
 
-def test_truncated_file(checkpoint):
+def test_flipped_byte_in_signature(checkpoint, trust, signer):
+    path, _ = checkpoint
+    f = path / SIGNATURE_FILE
+    text = f.read_text()
+    i = text.index('"sig": "') + 20
+    f.write_text(text[:i] + ("A" if text[i] != "A" else "B") + text[i + 1 :])
+    assert_refused(path, trust, signer, SignatureError)
+
+
+def test_truncated_file(checkpoint, trust, signer):
     path, _ = checkpoint
     f = path / "optimizer.safetensors"
     os.truncate(f, f.stat().st_size - 10)
-    with pytest.raises(TruncatedFileError, match="expected .* bytes, found"):
-        reader.read_verified(path)
+    assert_refused(path, trust, signer, TruncatedFileError, "expected .* bytes, found")
 
 
-def test_deleted_file(checkpoint):
+def test_deleted_file(checkpoint, trust, signer):
     path, _ = checkpoint
     (path / "rng.safetensors").unlink()
-    with pytest.raises(MissingFileError, match="rng.safetensors"):
-        reader.read_verified(path)
+    assert_refused(path, trust, signer, MissingFileError, "rng.safetensors")
 
 
-def test_extra_file(checkpoint):
+def test_extra_file(checkpoint, trust, signer):
     path, _ = checkpoint
     (path / "notes.txt").write_text("hi")
-    with pytest.raises(ExtraFileError, match="notes.txt"):
-        reader.read_verified(path)
+    assert_refused(path, trust, signer, ExtraFileError, "notes.txt")
 
 
-def test_symlink_inside(checkpoint, tmp_path):
+def test_signature_by_an_untrusted_key(checkpoint, trust, signer, tmp_path):
+    path, _ = checkpoint
+    mallory = make_signer(tmp_path / "mallory")
+    resign(path, mallory, lambda st: None)
+    assert_refused(path, trust, signer, UntrustedSignerError, "not in the trust store")
+
+
+def test_untrusted_allowed_explicitly_still_checks_the_signature(checkpoint, trust, tmp_path):
+    path, _ = checkpoint
+    other = make_signer(tmp_path / "other")
+    resign(path, other, lambda st: st["predicate"]["recovery"].update(signer=other.describe()))
+    v = reader.read_verified(path, trust, allow_untrusted=True)
+    assert not v.manifest.signer.trusted and v.manifest.signer.key_id == other.key_id
+
+
+def test_payload_edited_signature_kept(checkpoint, trust, signer):
+    """A digest in the statement changed but the signature was not redone."""
+    import base64
+    import json
+
+    path, _ = checkpoint
+    f = path / SIGNATURE_FILE
+    bundle = json.loads(f.read_bytes())
+    st = json.loads(base64.b64decode(bundle["dsseEnvelope"]["payload"]))
+    st["predicate"]["resources"][0]["digest"] = "00" * 32
+    bundle["dsseEnvelope"]["payload"] = base64.b64encode(json.dumps(st).encode()).decode()
+    f.write_text(json.dumps(bundle))
+    assert_refused(path, trust, signer, SignatureError, "does not verify")
+
+
+@pytest.mark.parametrize("bad", ["../escape.json", "/etc/passwd"])
+def test_manifest_entry_escaping_the_dir(checkpoint, trust, signer, bad):
+    path, _ = checkpoint
+    resign(path, signer, lambda st: st["predicate"]["resources"][0].update(name=bad))
+    assert_refused(path, trust, signer, UnsafePathError, "plain relative path")
+
+
+def test_symlink_inside(checkpoint, trust, signer, tmp_path):
     path, _ = checkpoint
     (tmp_path / "outside").write_text("x")
     os.symlink(tmp_path / "outside", path / "link")
-    with pytest.raises(UnsafePathError, match="symlink"):
-        reader.read_verified(path)
+    assert_refused(path, trust, signer, UnsafePathError, "symlink")
 
 
-def test_listed_file_replaced_by_symlink(checkpoint, tmp_path):
+def test_listed_file_replaced_by_symlink(checkpoint, trust, signer, tmp_path):
     path, _ = checkpoint
     target = tmp_path / "copy"
     target.write_bytes((path / "state.json").read_bytes())
     (path / "state.json").unlink()
     os.symlink(target, path / "state.json")
-    with pytest.raises(UnsafePathError):
-        reader.read_verified(path)
+    assert_refused(path, trust, signer, UnsafePathError)
 
 
-def test_missing_manifest_means_uncommitted(checkpoint):
+def test_missing_signature_means_uncommitted(checkpoint, trust, signer):
     path, _ = checkpoint
-    (path / MANIFEST_FILE).unlink()
-    with pytest.raises(ManifestError, match="never committed"):
-        reader.read_verified(path)
+    (path / SIGNATURE_FILE).unlink()
+    assert_refused(path, trust, signer, ManifestError, "never committed")
 
 
-def _rewrite_manifest(path, edit):
-    st = json.loads((path / MANIFEST_FILE).read_text())
-    edit(st)
-    res = st["predicate"]["resources"]
-    recs = [manifest.FileRecord(r["name"], r["digest"], 0) for r in res]
-    st["subject"][0]["digest"]["sha256"] = manifest.root_digest(recs)
-    (path / MANIFEST_FILE).write_text(json.dumps(st))
-
-
-@pytest.mark.parametrize("bad", ["../escape.json", "/etc/passwd"])
-def test_manifest_entry_escaping_the_dir(checkpoint, bad):
+def test_pickle_under_safetensors_name_is_never_unpickled(checkpoint, trust, signer, tmp_path):
+    """Even signed by a trusted key with matching hashes, the planted pickle only fails to parse."""
     path, _ = checkpoint
-    _rewrite_manifest(path, lambda st: st["predicate"]["resources"][0].update(name=bad))
-    with pytest.raises(UnsafePathError, match="plain relative path"):
-        reader.read_verified(path)
-
-
-def test_pickle_under_safetensors_name_is_never_unpickled(checkpoint):
-    """Even with a manifest that hashes it correctly, the planted pickle only fails to parse."""
-    path, _ = checkpoint
+    canary = tmp_path / "PWNED"
 
     class Boom:
         def __reduce__(self):
-            return (os.system, ("touch PWNED",))
+            return (os.system, (f"touch {canary}",))
 
     payload = pickle.dumps(Boom())
     (path / "model.safetensors").write_bytes(payload)
-    import hashlib
-
     digest = hashlib.sha256(payload).hexdigest()
 
     def edit(st):
@@ -130,24 +195,52 @@ def test_pickle_under_safetensors_name_is_never_unpickled(checkpoint):
                 r["digest"] = digest
         st["predicate"]["recovery"]["sizes"]["model.safetensors"] = len(payload)
 
-    _rewrite_manifest(path, edit)
-    v = reader.read_verified(path)
-    with pytest.raises(FormatError, match="model.safetensors"):
-        snapshot.decode(v)
-    assert not (path / "PWNED").exists() and not os.path.exists("PWNED")
+    resign(path, signer, edit)
+    assert_refused(path, trust, signer, FormatError, "model.safetensors")
+    assert not canary.exists()
 
 
-def test_renamed_directory_is_refused(checkpoint):
+def test_wrong_purpose_for_the_use(checkpoint, trust, signer):
+    path, _ = checkpoint
+    resign(
+        path,
+        signer,
+        lambda st: st["predicate"]["recovery"].update(purpose="warm_start", requires=[]),
+    )
+    assert_refused(
+        path, trust, signer, PurposeError, "is a 'warm_start' artifact; resume needs continuation"
+    )
+
+
+def test_purpose_contract_not_met(checkpoint, trust, signer):
+    path, _ = checkpoint
+    resign(
+        path,
+        signer,
+        lambda st: st["predicate"]["recovery"].update(requires=["model", "io_signature"]),
+    )
+    assert_refused(path, trust, signer, PurposeError, r"lacks \['io_signature'\]")
+
+
+def test_model_shape_mismatch(checkpoint, trust, signer):
+    path, _ = checkpoint
+    assert_refused(
+        path, trust, signer, IncompatibleStateError, r"checkpoint shape \(4, 3\)", width=6
+    )
+
+
+def test_renamed_directory_is_refused(checkpoint, trust, signer):
     path, _ = checkpoint
     moved = path.with_name("step-00000009")
     path.rename(moved)
-    with pytest.raises(ManifestError, match="says step 9, its manifest says step 3"):
-        reader.read_verified(moved)
+    assert_refused(moved, trust, signer, ManifestError, "says step 9, its manifest says step 3")
 
 
-def test_temp_directory_is_never_trusted(checkpoint):
+def test_temp_directory_is_never_trusted(checkpoint, trust, signer):
     path, _ = checkpoint
     moved = path.with_name(path.name + ".tmp-0123abcd")
     path.rename(moved)
     with pytest.raises(ManifestError, match="never committed"):
-        reader.read_verified(moved)
+        reader.read_verified(moved, trust)
+    # and a starting run removes it rather than resuming from it
+    assert_refused(moved, trust, signer, CheckpointNotFoundError)

@@ -1,0 +1,288 @@
+"""Audit: verify an artifact and walk its lineage back to the start of the run that made it.
+
+The walk follows each artifact's ``previous`` link; an artifact that is still
+on disk is verified in full (signature, trust, hashes, purpose contract) and
+the walk continues from its own links. Checkpoints deleted by retention are
+shown as ``pruned`` with the digest recorded for them, and the walk jumps to
+the start of the run segment they belonged to (the checkpoint that segment
+resumed or was warm-started from), using the ``lineage`` list every artifact
+carries. It ends at the segment that started fresh.
+
+Artifacts are found by digest, not by name, under the checkpoint root (by
+default the directory above the artifact's run directory), so a renamed or
+replaced directory is never mistaken for the one that was recorded.
+"""
+
+from __future__ import annotations
+
+import base64
+import json
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+from recovery import resume
+from recovery.errors import RecoveryError
+from recovery.layout import SIGNATURE_FILE, parse_step
+from recovery.manifest import Manifest
+from recovery.signing import TrustStore
+
+OK = "ok"
+PRUNED = "pruned"
+FAILED = "failed"
+MAX_DEPTH = 3
+
+
+@dataclass
+class Link:
+    """One artifact in the chain."""
+
+    relation: str
+    """How the previous (newer) link reached it: self, previous, resume, warm_start."""
+    name: str
+    step: int | None
+    sha256: str | None
+    status: str
+    path: str | None = None
+    purpose: str | None = None
+    run_id: str | None = None
+    signer: dict[str, Any] | None = None
+    code: dict[str, Any] | None = None
+    dataset: str | None = None
+    world_size: int | None = None
+    drift: list[str] = field(default_factory=list)
+    """What changed between this link and the newer one above it (code, dependencies, ...)."""
+    error: str | None = None
+    exception: RecoveryError | None = field(default=None, repr=False)
+
+    def as_dict(self) -> dict[str, Any]:
+        d = {k: v for k, v in self.__dict__.items() if k != "exception"}
+        return d
+
+
+@dataclass
+class Report:
+    """The audit of one artifact."""
+
+    path: str
+    links: list[Link]
+    lineage: list[dict[str, Any]]
+
+    @property
+    def ok(self) -> bool:
+        return all(link.status != FAILED for link in self.links)
+
+    @property
+    def failures(self) -> list[Link]:
+        return [link for link in self.links if link.status == FAILED]
+
+    def as_dict(self) -> dict[str, Any]:
+        return {
+            "path": self.path,
+            "ok": self.ok,
+            "links": [link.as_dict() for link in self.links],
+            "lineage": self.lineage,
+        }
+
+
+def default_root(path: Path) -> Path:
+    """The checkpoint root an artifact's links are relative to."""
+    run_dir = path.parent.parent if path.parent.name == "warm_start" else path.parent
+    return run_dir.parent
+
+
+def index(root: Path) -> dict[str, Path]:
+    """Root digest -> directory, for every signed step directory under ``root``.
+
+    Reads only each ``model.sig``'s statement to learn its digest; nothing is
+    trusted here, every link that is used is verified in full afterwards.
+    """
+    found: dict[str, Path] = {}
+    stack = [(root, 0)]
+    while stack:
+        current, depth = stack.pop()
+        if depth > MAX_DEPTH or not current.is_dir():
+            continue
+        for entry in current.iterdir():
+            if not entry.is_dir() or entry.is_symlink():
+                continue
+            if parse_step(entry.name) is not None and (entry / SIGNATURE_FILE).is_file():
+                digest = _claimed_digest(entry / SIGNATURE_FILE)
+                if digest:
+                    found.setdefault(digest, entry)
+            else:
+                stack.append((entry, depth + 1))
+    return found
+
+
+def _claimed_digest(sig: Path) -> str | None:
+    try:
+        bundle = json.loads(sig.read_bytes())
+        statement = json.loads(base64.b64decode(bundle["dsseEnvelope"]["payload"]))
+        return str(statement["subject"][0]["digest"]["sha256"])
+    except (ValueError, KeyError, TypeError, IndexError, OSError):
+        return None
+
+
+def _describe(mf: Manifest, path: Path, relation: str) -> Link:
+    rec = mf.recovery
+    prov = rec.get("provenance", {})
+    code = prov.get("code", {})
+    signer = mf.signer
+    return Link(
+        relation=relation,
+        name=mf.subject,
+        step=mf.step,
+        sha256=mf.root,
+        status=OK,
+        path=str(path),
+        purpose=mf.purpose,
+        run_id=rec.get("run_id"),
+        signer=(
+            {"key_id": signer.key_id, "trusted": signer.trusted, "dev": signer.dev or _dev(rec)}
+            if signer
+            else None
+        ),
+        code={"commit": code.get("commit"), "dirty": code.get("dirty"), "git": code.get("git")},
+        dataset=prov.get("dataset", {}).get("version") or prov.get("dataset", {}).get("source"),
+        world_size=rec.get("world_size"),
+    )
+
+
+def _dev(rec: dict[str, Any]) -> bool:
+    return bool((rec.get("signer") or {}).get("dev"))
+
+
+def _flags(newer: dict[str, Any], older: dict[str, Any]) -> list[str]:
+    """Which of code, dependencies, dataset, config changed between two provenance records."""
+    flags = []
+    if (newer.get("code", {}).get("commit"), newer.get("code", {}).get("diff_sha256")) != (
+        older.get("code", {}).get("commit"),
+        older.get("code", {}).get("diff_sha256"),
+    ):
+        flags.append("code")
+    for name, key in (("dependencies", "sha256"), ("config", "sha256")):
+        if newer.get(name, {}).get(key) != older.get(name, {}).get(key):
+            flags.append(name)
+    if newer.get("dataset", {}).get("version") != older.get("dataset", {}).get("version"):
+        flags.append("dataset")
+    return flags
+
+
+def _next(rec: dict[str, Any]) -> tuple[dict[str, Any] | None, str]:
+    """The link to walk to from an artifact's statement, and the relation's name."""
+    previous, parent = rec.get("previous"), rec.get("parent")
+    if previous:
+        same = parent and parent.get("sha256") == previous.get("sha256")
+        return previous, str(parent.get("kind")) if same and parent else "previous"
+    if parent:
+        return parent, str(parent.get("kind"))
+    return None, ""
+
+
+def audit(
+    path: Path, trust: TrustStore, *, allow_untrusted: bool = False, root: Path | None = None
+) -> Report:
+    """Verify ``path`` and every ancestor still on disk; describe the ones that are not.
+
+    Never raises for a damaged link: each failure is a ``failed`` link in the report.
+    """
+    root = root or default_root(path)
+    known = index(root)
+    links: list[Link] = []
+    try:
+        head = resume.load(path, trust, allow_untrusted=allow_untrusted)
+    except RecoveryError as err:
+        links.append(
+            Link("self", path.name, None, None, FAILED, str(path), error=str(err), exception=err)
+        )
+        return Report(str(path), links, [])
+    segments: list[dict[str, Any]] = list(head.manifest.recovery.get("lineage", []))
+    links.append(_describe(head.manifest, path, "self"))
+    rec = head.manifest.recovery
+    prov_newer: dict[str, Any] | None = rec.get("provenance", {})
+    ref, relation = _next(rec)
+    seen = {head.manifest.root}
+    while ref is not None:
+        digest = str(ref.get("sha256"))
+        if digest in seen:
+            links.append(
+                Link(
+                    relation,
+                    str(ref.get("name")),
+                    ref.get("step"),
+                    digest,
+                    FAILED,
+                    error="lineage loops back on itself",
+                )
+            )
+            break
+        seen.add(digest)
+        seg = _segment(segments, ref)
+        where = known.get(digest)
+        if where is not None:
+            try:
+                loaded = resume.load(where, trust, allow_untrusted=allow_untrusted)
+            except RecoveryError as err:
+                links.append(
+                    Link(
+                        relation,
+                        where.name,
+                        ref.get("step"),
+                        digest,
+                        FAILED,
+                        str(where),
+                        error=str(err),
+                        exception=err,
+                    )
+                )
+                ref, relation, prov_newer = _jump(segments, seg)
+                continue
+            link = _describe(loaded.manifest, where, relation)
+            prov_older = loaded.manifest.recovery.get("provenance", {})
+            if prov_newer is not None:
+                link.drift = _flags(prov_newer, prov_older)
+            links.append(link)
+            prov_newer = prov_older
+            ref, relation = _next(loaded.manifest.recovery)
+        else:
+            links.append(
+                Link(
+                    relation,
+                    str(ref.get("name")),
+                    ref.get("step"),
+                    digest,
+                    PRUNED,
+                    path=str(ref.get("path")),
+                    purpose=ref.get("purpose"),
+                    run_id=ref.get("run_id"),
+                )
+            )
+            ref, relation, prov_newer = _jump(segments, seg)
+    for link in links:
+        if link.relation in ("resume", "warm_start"):
+            src_seg = _source_segment(segments, link.sha256)
+            if src_seg and src_seg.get("drift"):
+                link.drift = sorted({*link.drift, *(d.split(":", 1)[0] for d in src_seg["drift"])})
+    return Report(str(path), links, segments)
+
+
+def _segment(segments: list[dict[str, Any]], ref: dict[str, Any]) -> dict[str, Any] | None:
+    idx = ref.get("segment")
+    return segments[idx] if isinstance(idx, int) and 0 <= idx < len(segments) else None
+
+
+def _jump(
+    segments: list[dict[str, Any]], seg: dict[str, Any] | None
+) -> tuple[dict[str, Any] | None, str, None]:
+    """From a link that cannot be followed, go to the source of the segment it belongs to."""
+    if seg is None or not seg.get("from"):
+        return None, "", None
+    return seg["from"], str(seg.get("kind")), None
+
+
+def _source_segment(segments: list[dict[str, Any]], digest: str | None) -> dict[str, Any] | None:
+    for seg in segments:
+        if (seg.get("from") or {}).get("sha256") == digest:
+            return seg
+    return None

@@ -1,0 +1,296 @@
+"""What made a checkpoint: code, dependencies, data and config, and how they drifted.
+
+:func:`capture` is called once per process and its result rides, signed, in
+every checkpoint's statement. :func:`drift` compares two captures (and the two
+configs) and returns one human-readable line per difference.
+
+- code: git commit, branch, dirty flag, sha256 of ``git diff HEAD`` and the
+  names of untracked files (gitpython); "not a git repository" is recorded as such.
+- dependencies: every installed distribution as sorted ``name==version``,
+  their sha256, and the sha256 of the project's lock file if it has one.
+- dataset: the DVC md5 of the data directory from its ``.dvc`` file or
+  ``dvc.lock``, with size and file count; else ``untracked`` with a content
+  fingerprint computed here.
+- config: sha256 of the resolved config with secrets redacted, the command-line
+  overrides (redacted too) and which keys were redacted.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import importlib.metadata
+import json
+import logging
+import os
+import platform
+import re
+import sys
+from collections.abc import Mapping
+from pathlib import Path
+from typing import Any
+
+import yaml
+
+log = logging.getLogger(__name__)
+
+REDACTED = "***REDACTED***"
+LOCK_FILES = ("uv.lock", "poetry.lock", "pylock.toml", "requirements.lock", "requirements.txt")
+_SECRET = re.compile(
+    r"(pass(word|wd|phrase)?|token|secret|(^|[._-])key($|[._-])|api[_-]?key|credential|"
+    r"private|auth|cookie|session)",
+    re.IGNORECASE,
+)
+# Keys that name how a process was started, not what run it is.
+VOLATILE_KEYS = frozenset({"resume", "init_from"})
+
+
+def is_secret_key(key: str) -> bool:
+    """Whether a config key (last dotted part) names a secret."""
+    return bool(_SECRET.search(key.rsplit(".", 1)[-1]))
+
+
+def redact(config: Any, prefix: str = "") -> tuple[Any, list[str]]:
+    """A copy of ``config`` with every value under a secret-looking key replaced.
+
+    Returns:
+        ``(redacted, dotted keys that were redacted)``.
+    """
+    keys: list[str] = []
+    if isinstance(config, Mapping):
+        out = {}
+        for k, v in config.items():
+            dotted = f"{prefix}.{k}" if prefix else str(k)
+            if is_secret_key(str(k)) and v is not None:
+                out[k] = REDACTED
+                keys.append(dotted)
+            else:
+                out[k], sub = redact(v, dotted)
+                keys += sub
+        return out, keys
+    if isinstance(config, list):
+        items = [redact(v, f"{prefix}[{i}]") for i, v in enumerate(config)]
+        return [v for v, _ in items], [k for _, ks in items for k in ks]
+    return config, keys
+
+
+def redact_overrides(overrides: list[str]) -> list[str]:
+    """Command-line overrides with the values of secret-looking keys replaced."""
+    out = []
+    for item in overrides:
+        key, sep, _ = item.partition("=")
+        out.append(f"{key}{sep}{REDACTED}" if sep and is_secret_key(key.lstrip("+~")) else item)
+    return out
+
+
+def canonical_digest(obj: Any) -> str:
+    """sha256 of the canonical JSON of ``obj``."""
+    return hashlib.sha256(json.dumps(obj, sort_keys=True, default=str).encode()).hexdigest()
+
+
+def code_revision(root: Path) -> dict[str, Any]:
+    """The git state of the repository containing ``root``."""
+    try:
+        import git
+    except ImportError:  # pragma: no cover - a declared dependency
+        return {"git": False, "reason": "gitpython is not installed"}
+    try:
+        repo = git.Repo(root, search_parent_directories=True)
+    except (git.InvalidGitRepositoryError, git.NoSuchPathError):
+        return {"git": False, "reason": f"{root} is not in a git repository"}
+    except git.GitCommandNotFound:
+        return {"git": False, "reason": "the git executable was not found"}
+    try:
+        commit = repo.head.commit.hexsha
+    except ValueError:
+        return {"git": True, "commit": None, "reason": "repository has no commits", "dirty": True}
+    try:
+        branch: str | None = repo.active_branch.name
+    except TypeError:
+        branch = None  # detached HEAD
+    diff = repo.git.diff("HEAD", binary=True)
+    untracked = sorted(repo.untracked_files)
+    return {
+        "git": True,
+        "commit": commit,
+        "branch": branch,
+        "dirty": bool(diff) or bool(untracked),
+        "diff_sha256": hashlib.sha256(diff.encode()).hexdigest() if diff else None,
+        "untracked": untracked[:200],
+        "untracked_count": len(untracked),
+    }
+
+
+def dependency_lock(root: Path) -> dict[str, Any]:
+    """Installed distributions (sorted ``name==version``), their digest, and the lock file's."""
+    names = sorted(
+        {
+            f"{(d.metadata['Name'] or '?').lower().replace('_', '-')}=={d.version}"
+            for d in importlib.metadata.distributions()
+        }
+    )
+    lock = next((root / n for n in LOCK_FILES if (root / n).is_file()), None)
+    return {
+        "packages": names,
+        "sha256": hashlib.sha256("\n".join(names).encode()).hexdigest(),
+        "lock_file": (
+            {"name": lock.name, "sha256": hashlib.sha256(lock.read_bytes()).hexdigest()}
+            if lock
+            else None
+        ),
+    }
+
+
+def _dvc_out(data: Path, root: Path) -> dict[str, Any] | None:
+    """The DVC record of ``data`` from ``<data>.dvc`` or ``dvc.lock``, if any."""
+    sidecar = data.with_name(data.name + ".dvc")
+    try:
+        rel = data.resolve().relative_to(root.resolve()).as_posix()
+    except ValueError:
+        rel = None
+    if sidecar.is_file():
+        doc = yaml.safe_load(sidecar.read_text()) or {}
+        for out in doc.get("outs", []):
+            return {"source": f"dvc:{sidecar.name}", **out}
+    lock = root / "dvc.lock"
+    if rel is not None and lock.is_file():
+        doc = yaml.safe_load(lock.read_text()) or {}
+        for stage, body in (doc.get("stages") or {}).items():
+            for out in body.get("outs", []):
+                if out.get("path") == rel:
+                    return {"source": f"dvc.lock:{stage}", **out}
+    return None
+
+
+def fingerprint(data: Path) -> dict[str, Any]:
+    """sha256 over every file under ``data`` (relative names and content digests), size, count."""
+    h = hashlib.sha256()
+    size = nfiles = 0
+    files = sorted(p for p in data.rglob("*") if p.is_file()) if data.is_dir() else [data]
+    for f in files:
+        content = f.read_bytes()
+        rel = f.relative_to(data).as_posix() if data.is_dir() else f.name
+        h.update(f"{rel}\0{hashlib.sha256(content).hexdigest()}\n".encode())
+        size += len(content)
+        nfiles += 1
+    return {"sha256": h.hexdigest(), "size": size, "nfiles": nfiles}
+
+
+def dataset_version(data: Path | None, root: Path) -> dict[str, Any]:
+    """The version of the data a recipe reads: DVC's md5 if tracked, else a fingerprint."""
+    if data is None:
+        return {"source": "none"}
+    if not data.exists():
+        return {"source": "missing", "path": str(data)}
+    out = _dvc_out(data, root)
+    if out is not None and out.get("md5"):
+        return {
+            "source": out["source"],
+            "path": str(data),
+            "version": f"md5:{out['md5']}",
+            "md5": out["md5"],
+            "size": out.get("size"),
+            "nfiles": out.get("nfiles"),
+        }
+    fp = fingerprint(data)
+    return {"source": "untracked", "path": str(data), "version": f"sha256:{fp['sha256']}", **fp}
+
+
+def capture(
+    *,
+    config: Mapping[str, Any],
+    overrides: list[str] | None = None,
+    data: Path | None = None,
+    project_root: Path | None = None,
+) -> dict[str, Any]:
+    """Everything that made this run, captured now.
+
+    Args:
+        config: the resolved config (secrets are redacted here, never stored).
+        overrides: the command-line overrides.
+        data: the dataset path the run reads.
+        project_root: where the code (and lock file, dvc.lock) live; default cwd.
+    """
+    from recovery import __version__
+
+    root = project_root or Path.cwd()
+    redacted, keys = redact(dict(config))
+    return {
+        "code": code_revision(root),
+        "dependencies": dependency_lock(root),
+        "dataset": dataset_version(data, root),
+        "config": {
+            "sha256": canonical_digest(redacted),
+            "overrides": redact_overrides(list(overrides or [])),
+            "redacted_keys": keys,
+        },
+        "tool": {"name": "recovery", "version": __version__},
+        "runtime": {
+            "python": sys.version.split()[0],
+            "platform": platform.platform(),
+            "host": platform.node(),
+            "pid": os.getpid(),
+        },
+    }
+
+
+def flatten(config: Any, prefix: str = "") -> dict[str, Any]:
+    """Dotted key -> leaf value."""
+    if isinstance(config, Mapping):
+        out: dict[str, Any] = {}
+        for k, v in config.items():
+            out |= flatten(v, f"{prefix}.{k}" if prefix else str(k))
+        return out
+    return {prefix: config}
+
+
+def drift(
+    old: Mapping[str, Any],
+    new: Mapping[str, Any],
+    *,
+    old_config: Mapping[str, Any] | None = None,
+    new_config: Mapping[str, Any] | None = None,
+) -> list[str]:
+    """One line per difference between two provenance captures (and configs).
+
+    Config keys are compared after redaction; ``resume`` and ``init_from`` are ignored.
+    """
+    lines: list[str] = []
+    oc, nc = old.get("code", {}), new.get("code", {})
+    if oc.get("commit") != nc.get("commit"):
+        lines.append(f"code: commit {_short(oc.get('commit'))} -> {_short(nc.get('commit'))}")
+    if oc.get("diff_sha256") != nc.get("diff_sha256") or oc.get("untracked") != nc.get("untracked"):
+        lines.append(
+            "code: uncommitted changes differ (dirty "
+            f"{oc.get('dirty')} diff {_short(oc.get('diff_sha256'))} -> "
+            f"dirty {nc.get('dirty')} diff {_short(nc.get('diff_sha256'))})"
+        )
+    od, nd = old.get("dependencies", {}), new.get("dependencies", {})
+    if od.get("sha256") != nd.get("sha256"):
+        before = dict(p.split("==", 1) for p in od.get("packages", []))
+        after = dict(p.split("==", 1) for p in nd.get("packages", []))
+        changes = [
+            f"{n} {before.get(n, '(absent)')} -> {after.get(n, '(absent)')}"
+            for n in sorted(before.keys() | after.keys())
+            if before.get(n) != after.get(n)
+        ]
+        lines.append("dependencies: " + ("; ".join(changes[:20]) or "package set changed"))
+    if (od.get("lock_file") or {}).get("sha256") != (nd.get("lock_file") or {}).get("sha256"):
+        lines.append("dependencies: lock file changed")
+    ov, nv = old.get("dataset", {}).get("version"), new.get("dataset", {}).get("version")
+    if ov != nv:
+        lines.append(f"dataset: {ov} -> {nv}")
+    if old_config is not None and new_config is not None:
+        a = {k: v for k, v in flatten(old_config).items() if k.split(".")[0] not in VOLATILE_KEYS}
+        b = {k: v for k, v in flatten(new_config).items() if k.split(".")[0] not in VOLATILE_KEYS}
+        for key in sorted(a.keys() | b.keys()):
+            if a.get(key, "(absent)") != b.get(key, "(absent)"):
+                lines.append(
+                    f"config: {key}: {a.get(key, '(absent)')!r} -> {b.get(key, '(absent)')!r}"
+                )
+    elif old.get("config", {}).get("sha256") != new.get("config", {}).get("sha256"):
+        lines.append("config: changed")
+    return lines
+
+
+def _short(value: Any) -> str:
+    return str(value)[:12] if value else str(value)
