@@ -6,7 +6,9 @@ Runs real ``train.py`` processes on the embedded defaults and narrates:
    SIGKILL between two checkpoints (a preemption);
 3. the same command again, which resumes from the newest verified checkpoint;
 4. the per-step records and final parameters of both runs compared bit for bit;
-5. ``recovery ls`` and ``recovery verify`` on what was written.
+5. ``recovery ls``, ``recovery verify`` and ``recovery audit`` on what was written:
+   every checkpoint is signed (by a local dev key made on first use) and carries
+   its provenance and lineage.
 Everything goes under ``.demo/`` (removed first).
 """
 
@@ -20,8 +22,9 @@ import sys
 import time
 from pathlib import Path
 
-from recovery import faults, resume
+from recovery import faults, resume, trust
 from recovery.cli import parameters_digest
+from recovery.config import SigningConfig
 from recovery.journal import effective_steps
 from recovery.layout import METRICS_FILE, scan, step_dir_name
 
@@ -87,8 +90,13 @@ def main() -> int:
         for k in ("loss", "lr", "batch", "epoch")
         if s not in got or got[s][k] != ref[s][k]
     ]
-    _, a = resume.load(ROOT / "reference" / step_dir_name(STEPS))
-    _, b = resume.load(ROOT / "demo" / step_dir_name(STEPS))
+    keys = trust.resolve_trust(
+        SigningConfig(
+            trusted=str(HERE / ".recovery/trusted"), dev_key_dir=str(HERE / ".recovery/dev-key")
+        )
+    )
+    a = resume.load(ROOT / "reference" / step_dir_name(STEPS), keys).decoded
+    b = resume.load(ROOT / "demo" / step_dir_name(STEPS), keys).decoded
     pa, pb = parameters_digest(a.tree["model"]), parameters_digest(b.tree["model"])
     print(f"steps compared:          {len(ref)} (loss, lr, epoch, batch ids)")
     print(f"differences:             {len(diffs)}")
@@ -98,10 +106,13 @@ def main() -> int:
     same = not diffs and pa == pb
     print("verdict:                 " + ("BIT-IDENTICAL" if same else f"DIFFERENT at {diffs[:3]}"))
 
-    say("5. The resumed run's checkpoints, each verified")
+    say("5. The resumed run's checkpoints, each verified: hashes, signature, signer's trust")
     recovery("ls", str(ROOT / "demo"))
     newest = scan(ROOT / "demo").committed[-1][1]
     rc = recovery("verify", str(newest))
+
+    say("6. Audit: provenance and lineage of the final checkpoint, back to the run's start")
+    rc = rc or recovery("audit", str(newest))
     print(f"\ndemo finished in {time.time() - t0:.1f}s; files under {DEMO}")
     return 0 if same and rc == 0 else 1
 

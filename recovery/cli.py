@@ -246,7 +246,8 @@ def audit_text(report: audit.Report) -> str:
                 + (str(commit)[:10] if commit else "not-git")
                 + (" dirty" if code.get("dirty") else "")
             )
-            parts.append(f"data {link.dataset}")
+            data = str(link.dataset)
+            parts.append(f"data {data[:23] + '…' if len(data) > 24 else data}")
         elif link.status == audit.PRUNED:
             parts.append(
                 f"not on disk (deleted by retention), recorded sha256 {str(link.sha256)[:16]}"

@@ -40,8 +40,10 @@ _SECRET = re.compile(
     r"private|auth|cookie|session)",
     re.IGNORECASE,
 )
-# Keys that name how a process was started, not what run it is.
-VOLATILE_KEYS = frozenset({"resume", "init_from"})
+# Keys that say how a process was started or how strictly to load, not what run it is.
+VOLATILE_KEYS = frozenset(
+    {"resume", "init_from", "checkpoint.strict_resume", "signing.allow_untrusted"}
+)
 
 
 def is_secret_key(key: str) -> bool:
@@ -252,7 +254,7 @@ def drift(
 ) -> list[str]:
     """One line per difference between two provenance captures (and configs).
 
-    Config keys are compared after redaction; ``resume`` and ``init_from`` are ignored.
+    Config keys are compared after redaction; :data:`VOLATILE_KEYS` are ignored.
     """
     lines: list[str] = []
     oc, nc = old.get("code", {}), new.get("code", {})
@@ -280,8 +282,8 @@ def drift(
     if ov != nv:
         lines.append(f"dataset: {ov} -> {nv}")
     if old_config is not None and new_config is not None:
-        a = {k: v for k, v in flatten(old_config).items() if k.split(".")[0] not in VOLATILE_KEYS}
-        b = {k: v for k, v in flatten(new_config).items() if k.split(".")[0] not in VOLATILE_KEYS}
+        a = {k: v for k, v in flatten(old_config).items() if not _volatile(k)}
+        b = {k: v for k, v in flatten(new_config).items() if not _volatile(k)}
         for key in sorted(a.keys() | b.keys()):
             if a.get(key, "(absent)") != b.get(key, "(absent)"):
                 lines.append(
@@ -290,6 +292,10 @@ def drift(
     elif old.get("config", {}).get("sha256") != new.get("config", {}).get("sha256"):
         lines.append("config: changed")
     return lines
+
+
+def _volatile(key: str) -> bool:
+    return key in VOLATILE_KEYS or key.split(".")[0] in VOLATILE_KEYS
 
 
 def _short(value: Any) -> str:

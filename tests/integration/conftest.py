@@ -63,13 +63,15 @@ def trainer(data_root, signer):
         timeout: float = 180,
         dev_key: bool = False,
         cwd: Path | None = None,
+        script: Path = TRAIN,
+        data: Path | None = None,
     ) -> Result:
         root.mkdir(parents=True, exist_ok=True)
         cmd = [
             sys.executable,
-            str(TRAIN),
+            str(script),
             f"checkpoint.root={root}",
-            f"recipe.data.root={data_root}",
+            f"recipe.data.root={data or data_root}",
             *SMALL,
             *overrides,
         ]

@@ -43,3 +43,11 @@ def test_resume_is_a_plain_value(spec):
 def test_bad_values_name_the_key(schema, node, match):
     with pytest.raises(ConfigError, match=match):
         typed(schema, node, key=schema.__name__)
+
+
+def test_purpose_yaml_matches_the_library_contracts():
+    from recovery.purpose import BUILTIN, PurposeSpec
+
+    cfg = composed()
+    for name, spec in BUILTIN.items():
+        assert typed(PurposeSpec, cfg.purposes[name], key=name) == spec
