@@ -269,7 +269,10 @@ class Checkpointer:
             "previous": self.previous,
             "parent": self.parent,
             "lineage": self.lineage,
-            "provenance": self.provenance,
+            # the drift this run segment resumed across travels with its provenance
+            "provenance": {**self.provenance, "drift": self.drift}
+            if self.drift
+            else self.provenance,
             "started_at": started,
         }
         have = snapshot.present(tree, meta, files, statement)

@@ -22,6 +22,14 @@ MODEL_SIGNING = Path(sys.executable).with_name("model_signing")
 SECRETS = ["+db.password=hunter2-SECRET", "+api_token=tok-SECRET"]
 
 
+def model_signing_verify(artifact: Path, pub: Path) -> subprocess.CompletedProcess[str]:
+    """The OpenSSF client, verifying ``artifact`` with the public key ``pub``."""
+    cmd = [str(MODEL_SIGNING), "verify", "key", "--signature", str(artifact / "model.sig")]
+    return subprocess.run(
+        [*cmd, "--public_key", str(pub), str(artifact)], capture_output=True, text=True
+    )
+
+
 @pytest.fixture
 def project(tmp_path):
     """A git-committed copy of the project's training code, so its tree can be made dirty."""
@@ -139,39 +147,13 @@ def test_audit_walks_two_resumes_and_a_warm_start_dev_key_secrets_and_model_sign
     # the real model-signing client accepts our checkpoints and rejects tampered ones
     pub = root / ".recovery" / "dev-key" / "recovery.pub"
     for artifact in (head, source):
-        ok = subprocess.run(
-            [
-                str(MODEL_SIGNING),
-                "verify",
-                "key",
-                "--signature",
-                str(artifact / "model.sig"),
-                "--public_key",
-                str(pub),
-                str(artifact),
-            ],
-            capture_output=True,
-            text=True,
-        )
+        ok = model_signing_verify(artifact, pub)
         assert ok.returncode == 0, ok.stdout + ok.stderr
     tampered = root / "ws" / step_dir_name(10)
     data = bytearray((tampered / "model.safetensors").read_bytes())
     data[-5] ^= 0xFF
     (tampered / "model.safetensors").write_bytes(bytes(data))
-    bad = subprocess.run(
-        [
-            str(MODEL_SIGNING),
-            "verify",
-            "key",
-            "--signature",
-            str(tampered / "model.sig"),
-            "--public_key",
-            str(pub),
-            str(tampered),
-        ],
-        capture_output=True,
-        text=True,
-    )
+    bad = model_signing_verify(tampered, pub)
     assert bad.returncode != 0 and "mismatch" in (bad.stdout + bad.stderr).lower()
 
     # a damaged ancestor fails the audit, named, with its error's exit code

@@ -147,6 +147,7 @@ def test_drift_is_warned_recorded_and_strict_refuses(tmp_path, caplog):
 
     newest = resume_mod.load(tmp_path / "run" / step_dir_name(6), KEYS["trust"])
     assert "config: lr: 0.1 -> 0.2" in newest.manifest.recovery["lineage"][-1]["drift"]
+    assert "config: lr: 0.1 -> 0.2" in newest.manifest.recovery["provenance"]["drift"]
 
 
 def test_warm_start_is_a_new_run_with_the_source_as_parent(tmp_path):
