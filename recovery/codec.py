@@ -155,24 +155,6 @@ def loads_json(data: bytes, *, name: str) -> Any:
         raise FormatError(f"{name}: expected JSON, found undecodable bytes ({err})") from err
 
 
-def tensors_to_bytes(tensors: Mapping[str, torch.Tensor]) -> bytes:
-    """Serialise tensors as a safetensors file's bytes.
-
-    Tensors are moved to CPU and made contiguous; tensors that share storage
-    (tied weights) are cloned, since safetensors stores each one once.
-    """
-    seen: set[int] = set()
-    ready: dict[str, torch.Tensor] = {}
-    for key, tensor in tensors.items():
-        t = tensor.detach().cpu().contiguous()
-        storage = t.untyped_storage().data_ptr()
-        if t.numel() and storage in seen:
-            t = t.clone()
-        seen.add(storage)
-        ready[key] = t
-    return safetensors.torch.save(ready)
-
-
 def tensors_from_bytes(data: bytes, *, name: str) -> dict[str, torch.Tensor]:
     """Parse safetensors bytes (never pickle), naming ``name`` if they do not parse."""
     try:

@@ -19,7 +19,6 @@ thing to keep consistent, and a crash between the two leaves it wrong.
 
 from __future__ import annotations
 
-import hashlib
 import logging
 import os
 import shutil
@@ -27,7 +26,9 @@ from collections.abc import Mapping
 from pathlib import Path
 from typing import Any
 
-from recovery import faults, manifest
+import torch
+
+from recovery import faults, manifest, tensorfile
 from recovery.errors import CommitError
 from recovery.layout import SIGNATURE_FILE, aside_dir_for, scan, temp_dir_for
 from recovery.manifest import FileRecord, Manifest
@@ -35,7 +36,7 @@ from recovery.signing import Signer
 
 log = logging.getLogger(__name__)
 
-CHUNK = 4 << 20
+CHUNK = tensorfile.CHUNK
 
 
 def fsync_dir(path: Path) -> None:
@@ -48,37 +49,33 @@ def fsync_dir(path: Path) -> None:
 
 
 def write_file(path: Path, data: bytes, *, fault_point: str | None = None) -> FileRecord:
-    """Write ``data`` to a new file, hashing while writing, and fsync it.
-
-    Args:
-        path: the new file (must not exist).
-        data: its bytes.
-        fault_point: a :mod:`recovery.faults` point reached half-way through.
-    """
-    h = hashlib.sha256()
+    """Write ``data`` to a new file, hashing while writing, and fsync it."""
     view = memoryview(data)
-    half = len(view) // 2
-    with open(path, "xb") as fh:
-        for start in range(0, len(view), CHUNK):
-            chunk = view[start : start + CHUNK]
-            h.update(chunk)
-            fh.write(chunk)
-            if fault_point and start <= half < start + CHUNK:
-                fh.flush()
-                faults.reach(fault_point)
-        fh.flush()
-        os.fsync(fh.fileno())
-    return FileRecord(path.name, h.hexdigest(), len(view))
+    parts = [view[i : i + CHUNK] for i in range(0, len(view), CHUNK)] or [view]
+    return tensorfile.write_stream(path, parts, fault_point=fault_point)
+
+
+def write_entry(
+    path: Path, content: bytes | Mapping[str, torch.Tensor], *, fault_point: str | None = None
+) -> FileRecord:
+    """Write one file: raw bytes, or a tensor mapping streamed as safetensors."""
+    if isinstance(content, bytes | bytearray | memoryview):
+        return write_file(path, bytes(content), fault_point=fault_point)
+    return tensorfile.write_stream(path, tensorfile.chunks(content), fault_point=fault_point)
 
 
 def commit(
-    final: Path, files: Mapping[str, bytes], recovery: dict[str, Any], *, signer: Signer
+    final: Path,
+    files: Mapping[str, bytes | Mapping[str, torch.Tensor]],
+    recovery: dict[str, Any],
+    *,
+    signer: Signer,
 ) -> Manifest:
     """Write ``files`` and their signed manifest, then atomically publish them as ``final``.
 
     Args:
         final: the committed directory's path (its parent must exist).
-        files: file name -> bytes, written in this order.
+        files: file name -> bytes, or a tensor mapping written as safetensors, in this order.
         recovery: the statement's ``recovery`` predicate (must hold ``step``); the
             signer's description is added as ``signer``.
         signer: signs the statement into ``model.sig``.
@@ -97,7 +94,7 @@ def commit(
         records = []
         for i, (name, data) in enumerate(files.items()):
             point = f"commit-write-{step}" if i == 0 else None
-            records.append(write_file(tmp / name, data, fault_point=point))
+            records.append(write_entry(tmp / name, data, fault_point=point))
         faults.reach(f"commit-before-manifest-{step}")
         statement = manifest.build(final.name, records, {**recovery, "signer": signer.describe()})
         body = manifest.payload(statement)

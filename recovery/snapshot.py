@@ -11,6 +11,8 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Any
 
+import torch
+
 from recovery import codec
 from recovery.errors import FormatError
 from recovery.layout import CONFIG_FILE, STATE_FILE, tensor_file
@@ -30,8 +32,9 @@ class Decoded:
 
 def encode(
     tree: dict[str, Any], *, step: int, meta: dict[str, Any], config_yaml: str | None = None
-) -> dict[str, bytes]:
-    """Serialise a state tree into file name -> bytes, tensor files first, JSON after.
+) -> dict[str, bytes | dict[str, torch.Tensor]]:
+    """Lay a state tree out as files, tensor files first (as tensor mappings, streamed by
+    the committer without a copy), JSON after.
 
     Args:
         tree: component name -> state (from ``TrainState.state_dict``).
@@ -39,13 +42,13 @@ def encode(
         meta: JSON-able extra fields for ``state.json`` (run id, metrics, ...).
         config_yaml: the resolved config text, if any.
     """
-    files: dict[str, bytes] = {}
+    files: dict[str, bytes | dict[str, torch.Tensor]] = {}
     skeletons: dict[str, Any] = {}
     for name, state in tree.items():
         skeleton, tensors = codec.split(state)
         skeletons[name] = skeleton
         if tensors:
-            files[tensor_file(name)] = codec.tensors_to_bytes(tensors)
+            files[tensor_file(name)] = tensors
     doc = {"format": STATE_FORMAT, "step": step, "components": skeletons, **meta}
     files[STATE_FILE] = codec.dumps_json(doc)
     if config_yaml is not None:

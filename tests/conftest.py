@@ -9,12 +9,17 @@ from pathlib import Path
 import pytest
 import torch
 
-from recovery import commit, manifest, provenance, snapshot
+from recovery import commit, manifest, provenance, snapshot, tensorfile
 from recovery.layout import SIGNATURE_FILE, step_dir_name
 from recovery.purpose import BUILTIN
 from recovery.sampler import ResumableSampler
 from recovery.signing import Signer, TrustStore, generate_keypair
 from recovery.state import TrainState
+
+
+def tensor_bytes(tensors) -> bytes:
+    """A safetensors file's bytes, as the streaming writer lays them out."""
+    return b"".join(bytes(part) for part in tensorfile.chunks(tensors))
 
 
 def make_signer(directory: Path) -> Signer:

@@ -7,11 +7,12 @@ import torch
 
 from recovery import codec
 from recovery.errors import FormatError
+from tests.conftest import tensor_bytes
 
 
 def roundtrip(tree):
     skeleton, tensors = codec.split(tree)
-    data = codec.tensors_to_bytes(tensors)
+    data = tensor_bytes(tensors)
     doc = codec.loads_json(codec.dumps_json(skeleton), name="state.json")
     return codec.join(doc, codec.tensors_from_bytes(data, name="t.safetensors"))
 

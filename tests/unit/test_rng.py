@@ -6,6 +6,7 @@ import torch
 
 from recovery import codec, rng
 from recovery.errors import IncompatibleStateError
+from tests.conftest import tensor_bytes
 
 
 def draw():
@@ -25,7 +26,7 @@ def test_capture_restore_every_stream_through_codec():
     skeleton, tensors = codec.split(state)
     stored = codec.join(
         codec.loads_json(codec.dumps_json(skeleton), name="s"),
-        codec.tensors_from_bytes(codec.tensors_to_bytes(tensors), name="t"),
+        codec.tensors_from_bytes(tensor_bytes(tensors), name="t"),
     )
     first = draw()
     rng.restore(stored)
