@@ -23,6 +23,7 @@ import queue
 import threading
 from collections.abc import Iterable, Iterator, Mapping
 from pathlib import Path
+from typing import Any
 
 import torch
 
@@ -56,7 +57,8 @@ def _raw(t: torch.Tensor) -> memoryview:
     flat = t.detach().reshape(-1)
     if flat.device.type != "cpu":
         flat = flat.cpu()
-    return memoryview(flat.contiguous().view(torch.uint8).numpy()).cast("B")
+    array: Any = flat.contiguous().view(torch.uint8).numpy()
+    return memoryview(array).cast("B")
 
 
 def header(tensors: Mapping[str, torch.Tensor], metadata: Mapping[str, str] | None = None) -> bytes:
