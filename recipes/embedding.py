@@ -11,6 +11,7 @@ from __future__ import annotations
 import logging
 import math
 import random
+import sys
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -19,14 +20,16 @@ import numpy as np
 import torch
 from omegaconf import DictConfig, OmegaConf
 from torch import nn
+from tqdm import tqdm
 
 from recipes.data import DataConfig, Interactions, load
 from recovery import faults, provenance, trust
 from recovery.checkpointer import Checkpointer
 from recovery.config import CheckpointConfig, RunConfig, SigningConfig, TrainConfig, typed
-from recovery.errors import ConfigError
+from recovery.errors import ConfigError, Preempted
 from recovery.journal import Journal
 from recovery.layout import METRICS_FILE
+from recovery.preemption import PreemptionGuard
 from recovery.purpose import PurposeSpec
 from recovery.sampler import ResumableSampler
 from recovery.state import TrainState
@@ -173,6 +176,7 @@ def make_checkpointer(
     data_root: Path,
     model_cfg: dict[str, object],
     journal: Journal,
+    preemption: PreemptionGuard | None = None,
 ) -> Checkpointer:
     """A checkpointer wired to the run's signer, trust store, provenance and purposes."""
     signing_cfg = typed(SigningConfig, cfg.signing, key="signing")
@@ -199,6 +203,7 @@ def make_checkpointer(
             for name, node in cfg.purposes.items()
         },
         journal=journal,
+        preemption=preemption,
     )
 
 
@@ -218,6 +223,7 @@ def run(cfg: DictConfig) -> int:
 
     run_dir = Path(ck.root) / run_cfg.name
     journal = Journal(run_dir / METRICS_FILE)
+    guard = PreemptionGuard(ck.preempt_signals)
     ckpt = make_checkpointer(
         cfg,
         ck,
@@ -226,6 +232,7 @@ def run(cfg: DictConfig) -> int:
         data_root=Path(rc.data.root),
         model_cfg=model_config(rc),
         journal=journal,
+        preemption=guard,
     )
     step = ckpt.restore(
         state,
@@ -236,25 +243,37 @@ def run(cfg: DictConfig) -> int:
 
     loss_fn = nn.BCEWithLogitsLoss()
     model.train()
-    while step < train.steps:
-        epoch, ids = sampler.next_batch()
-        index = torch.from_numpy(ids)
-        lr = float(opt.param_groups[0]["lr"])
-        logits = model(data.users[index], data.items[index])
-        loss = loss_fn(logits, data.labels[index])
-        opt.zero_grad(set_to_none=True)
-        loss.backward()
-        opt.step()
-        sched.step()
-        step += 1
-        loss_value = float(loss.item())
-        journal.write(
-            {"step": step, "epoch": epoch, "loss": loss_value, "lr": lr, "batch": ids.tolist()}
-        )
-        ckpt.maybe_save(state, step, metrics={"loss": loss_value})
-        if step % train.log_every == 0 or step == train.steps:
-            log.info("step %d epoch %d loss %.4f lr %.2e", step, epoch, loss_value, lr)
-        faults.reach(f"step-{step}")
-    ckpt.close()
-    journal.close()
+    # a progress bar on a terminal; plain log lines (below) everywhere else
+    bar = tqdm(total=train.steps, initial=step, unit="step", disable=not sys.stderr.isatty())
+    guard.install()
+    try:
+        while step < train.steps:
+            epoch, ids = sampler.next_batch()
+            index = torch.from_numpy(ids)
+            lr = float(opt.param_groups[0]["lr"])
+            logits = model(data.users[index], data.items[index])
+            loss = loss_fn(logits, data.labels[index])
+            opt.zero_grad(set_to_none=True)
+            loss.backward()
+            opt.step()
+            sched.step()
+            step += 1
+            loss_value = float(loss.item())
+            journal.write(
+                {"step": step, "epoch": epoch, "loss": loss_value, "lr": lr, "batch": ids.tolist()}
+            )
+            bar.update(1)
+            ckpt.maybe_save(state, step, metrics={"loss": loss_value})
+            if step % train.log_every == 0 or step == train.steps:
+                bar.set_postfix(loss=f"{loss_value:.4f}", epoch=epoch)
+                log.info("step %d epoch %d loss %.4f lr %.2e", step, epoch, loss_value, lr)
+            faults.reach(f"step-{step}")
+        ckpt.close()
+    except Preempted:
+        ckpt.close()
+        raise
+    finally:
+        bar.close()
+        guard.uninstall()
+        journal.close()
     return 0

@@ -11,24 +11,31 @@ artifact. One process writes a run directory at a time.
 from __future__ import annotations
 
 import logging
+import os
 import shutil
 import time
 import uuid
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 from pathlib import Path
 from typing import Any
 
+import torch
 import yaml
 
-from recovery import commit, lineage, policy, purpose, resume, snapshot
+from recovery import codec, commit, lineage, policy, purpose, resume, snapshot
 from recovery import provenance as prov
+from recovery.cadence import Cadence
 from recovery.config import CheckpointConfig
-from recovery.errors import DriftError, PurposeError, RunDirInUseError
+from recovery.errors import DriftError, Preempted, PurposeError, RunDirInUseError
 from recovery.journal import Journal
 from recovery.layout import CONFIG_FILE, scan, step_dir_name
+from recovery.manifest import Manifest
+from recovery.preemption import PreemptionGuard
 from recovery.purpose import BUILTIN, PurposeSpec
 from recovery.signing import Signer, TrustStore
+from recovery.staging import Staging
 from recovery.state import MODEL, TrainState
+from recovery.writer import BackgroundWriter
 
 log = logging.getLogger(__name__)
 
@@ -50,7 +57,9 @@ class Checkpointer:
         config: the resolved config with secrets redacted (``config.yaml``, drift).
         model_config: what rebuilds the model (stored for warm starts).
         purposes: contracts by purpose name; default :data:`recovery.purpose.BUILTIN`.
-        journal: the run's ``metrics.jsonl``; start and resume events go there.
+        journal: the run's ``metrics.jsonl``; start, resume and checkpoint-cost events go there.
+        preemption: the run's signal guard; a request turns into a checkpoint and
+            :class:`~recovery.errors.Preempted` at the next step boundary.
     """
 
     def __init__(
@@ -67,6 +76,7 @@ class Checkpointer:
         model_config: dict[str, Any] | None = None,
         purposes: Mapping[str, PurposeSpec] | None = None,
         journal: Journal | None = None,
+        preemption: PreemptionGuard | None = None,
     ) -> None:
         self.cfg = cfg
         self.run_dir = run_dir
@@ -87,6 +97,14 @@ class Checkpointer:
         self.lineage: list[dict[str, Any]] = []
         self.resumed_from: Path | None = None
         self.drift: list[str] = []
+        self.preemption = preemption
+        self.cadence = Cadence(cfg, final_step=final_step)
+        self._writer = BackgroundWriter() if cfg.async_save else None
+        self._staging = Staging()
+        self._first_step = True
+        self._created = time.perf_counter()
+        self.pause_s = 0.0
+        """Time the training thread spent on checkpoints (sync saves, async pauses and waits)."""
 
     # -- restore ---------------------------------------------------------------
 
@@ -205,61 +223,119 @@ class Checkpointer:
     def maybe_save(
         self, state: TrainState, step: int, *, metrics: dict[str, Any] | None = None
     ) -> Path | None:
-        """Save if the policy says so after ``step``; return the committed path or ``None``."""
+        """Call after every optimizer step: save if due; return the checkpoint's path or ``None``.
+
+        Raises:
+            CommitError: a background save failed (raised at the first step after it did).
+            Preempted: a preemption signal arrived; a checkpoint of ``step`` is committed.
+        """
+        if self._writer is not None:
+            self._writer.raise_if_failed()
+        if self._first_step:
+            self._first_step = False
+            self._event(
+                {
+                    "event": "first_step",
+                    "step": step,
+                    "resumed": self.resumed_from is not None,
+                    "seconds_since_process_start": process_age_s(),
+                }
+            )
+        if self.preemption is not None and self.preemption.requested:
+            self._preempt(state, step, metrics)
         every = self.cfg.warm_start_every
         if every > 0 and step % every == 0:
             self.save_warm_start(state, step, metrics=metrics)
-        if not policy.should_save(
-            step,
-            every_steps=self.cfg.every_steps,
-            final_step=self.final_step,
-            last_saved=self.last_saved,
-        ):
+        if not self.cadence.due(step):
             return None
         return self.save(state, step, metrics=metrics)
 
-    def save(self, state: TrainState, step: int, *, metrics: dict[str, Any] | None = None) -> Path:
-        """Snapshot ``state`` at ``step`` as a continuation checkpoint, commit, retain.
+    def save(
+        self,
+        state: TrainState,
+        step: int,
+        *,
+        metrics: dict[str, Any] | None = None,
+        sync: bool = False,
+    ) -> Path:
+        """Snapshot ``state`` at ``step`` as a continuation checkpoint; commit; retain.
+
+        With ``checkpoint.async`` (and not ``sync``) the state is copied into the
+        staging buffers and the rest happens on the background thread; the path
+        is returned before it is committed (:meth:`flush` waits).
 
         Raises:
             PurposeError: ``state`` lacks what a continuation checkpoint requires.
-            CommitError: the write failed; earlier checkpoints are intact.
+            CommitError: this (sync) or the previous (async) save failed.
         """
         final = self.run_dir / step_dir_name(step)
-        mf = self._write(final, state.state_dict(), step, purpose.CONTINUATION, metrics)
+        self.cadence.saved(step)
+        waited = self._writer.wait() if self._writer is not None else 0.0
+        started = time.perf_counter()
+        if self._writer is None or sync:
+            tree = state.state_dict()
+            parts = {name: codec.split(part) for name, part in tree.items()}
+            skeletons = {name: sk for name, (sk, _) in parts.items()}
+            tensors = {name: ts for name, (_, ts) in parts.items()}
+            job = self._job(final, skeletons, tensors, step, purpose.CONTINUATION, metrics, waited)
+            job(started)
+        else:
+            staged = self._staging.stage(state.state_dict())
+            pause = time.perf_counter() - started
+            job = self._job(
+                final,
+                staged.skeletons,
+                staged.tensors,
+                step,
+                purpose.CONTINUATION,
+                metrics,
+                waited,
+                pause=pause,
+            )
+            self.pause_s += pause
+            self._writer.submit(lambda: job(time.perf_counter()))
         self.last_saved = step
-        self.previous = lineage.link(mf, final, self.root)
-        self._retain(step)
         return final
 
     def save_warm_start(
         self, state: TrainState, step: int, *, metrics: dict[str, Any] | None = None
     ) -> Path:
-        """Write a warm-start artifact (weights + model config) under ``warm_start/``."""
+        """Write a warm-start artifact (weights + model config) under ``warm_start/``, now."""
         model = state.components.get(MODEL)
         if model is None:
             raise PurposeError("warm-start artifacts need a registered 'model'", missing=[MODEL])
         final = self.run_dir / WARM_START_DIR / step_dir_name(step)
         final.parent.mkdir(exist_ok=True)
-        self._write(final, {MODEL: model.state_dict()}, step, purpose.WARM_START, metrics)
+        skeleton, tensors = codec.split(model.state_dict())
+        job = self._job(
+            final, {MODEL: skeleton}, {MODEL: tensors}, step, purpose.WARM_START, metrics, 0.0
+        )
+        job(time.perf_counter(), record=False)
         return final
 
-    def _write(
+    def _job(
         self,
         final: Path,
-        tree: dict[str, Any],
+        skeletons: dict[str, Any],
+        tensors: dict[str, dict[str, torch.Tensor]],
         step: int,
         purpose_name: str,
         metrics: dict[str, Any] | None,
-    ) -> Any:
-        started = time.time()
+        waited: float,
+        *,
+        pause: float | None = None,
+    ) -> Callable[..., Path]:
+        """Everything after the snapshot, as a closure that may run on another thread.
+
+        The statement is built now (the run's links as of this step); encoding,
+        hashing, signing, committing, retention and the cost record happen when
+        the closure runs.
+        """
         spec = self.purposes[purpose_name]
         meta: dict[str, Any] = {"run_id": self.run_id, "metrics": dict(metrics or {})}
         if self.model_config is not None:
             meta[snapshot.MODEL_CONFIG] = self.model_config
-        config_yaml = yaml.safe_dump(self.config, sort_keys=False)
-        files = snapshot.encode(tree, step=step, meta=meta, config_yaml=config_yaml)
-        statement = {
+        statement: dict[str, Any] = {
             "step": step,
             "purpose": purpose_name,
             "requires": list(spec.requires),
@@ -268,19 +344,75 @@ class Checkpointer:
             "metrics": dict(metrics or {}),
             "previous": self.previous,
             "parent": self.parent,
-            "lineage": self.lineage,
+            "lineage": list(self.lineage),
             # the drift this run segment resumed across travels with its provenance
             "provenance": {**self.provenance, "drift": self.drift}
             if self.drift
             else self.provenance,
-            "started_at": started,
+            "interval": self.cadence.describe(),
+            "started_at": time.time(),
         }
-        have = snapshot.present(tree, meta, files, statement)
-        purpose.check_contract(purpose_name, spec.requires, have, where=str(final))
-        statement["components"] = have
-        mf = commit.commit(final, files, statement, signer=self.signer)
-        log.info("%s %s committed (%.3fs)", purpose_name, final, time.time() - started)
-        return mf
+        config_yaml = yaml.safe_dump(self.config, sort_keys=False)
+
+        def run(started: float, *, record: bool = True) -> Path:
+            files = snapshot.encode_split(
+                skeletons, tensors, step=step, meta=meta, config_yaml=config_yaml
+            )
+            have = snapshot.present(skeletons, meta, files, statement)
+            purpose.check_contract(purpose_name, spec.requires, have, where=str(final))
+            mf = commit.commit(final, files, {**statement, "components": have}, signer=self.signer)
+            write_s = time.perf_counter() - started
+            if record:
+                self.previous = lineage.link(mf, final, self.root)
+                self._retain(step)
+                self._record(step, pause if pause is not None else write_s, waited, write_s, mf)
+            log.info("%s %s committed (%.3fs)", purpose_name, final, write_s)
+            return final
+
+        return run
+
+    def _record(self, step: int, pause: float, waited: float, write_s: float, mf: Manifest) -> None:
+        nbytes = sum(r.size for r in mf.files)
+        if self._writer is None:
+            self.pause_s += pause
+        self.cadence.measured(cost_s=pause, persist_s=write_s)
+        self._event(
+            {
+                "event": "checkpoint",
+                "step": step,
+                "mode": "async" if self._writer is not None else "sync",
+                "pause_s": pause,
+                "wait_s": waited,
+                "write_s": write_s,
+                "bytes": nbytes,
+                "throughput_mb_s": nbytes / write_s / 1e6 if write_s > 0 else None,
+            }
+        )
+
+    def _preempt(self, state: TrainState, step: int, metrics: dict[str, Any] | None) -> None:
+        assert self.preemption is not None and self.preemption.requested is not None
+        signal_name = self.preemption.requested
+        if self.last_saved != step:
+            self.save(state, step, metrics=metrics, sync=True)
+        elif self._writer is not None:
+            self._writer.wait()
+        self._event({"event": "preempted", "signal": signal_name, "step": step})
+        raise Preempted(
+            f"{signal_name}: checkpointed step {step} in {self.run_dir}; "
+            "requeue the same command with +resume=latest",
+            step=step,
+            signal_name=signal_name,
+            path=self.run_dir / step_dir_name(step),
+        )
+
+    def flush(self) -> None:
+        """Wait until the background save in flight (if any) is committed.
+
+        Raises:
+            CommitError: it failed.
+        """
+        if self._writer is not None:
+            self.pause_s += self._writer.wait()
 
     def _retain(self, newest: int) -> None:
         paths = dict(scan(self.run_dir).committed)
@@ -296,7 +428,37 @@ class Checkpointer:
             self.journal.write(record)
 
     def close(self) -> None:
-        """Finish pending work (none yet: saves are synchronous)."""
+        """Flush the save in flight, stop the background thread, record the run's costs.
+
+        Raises:
+            CommitError: the last background save failed.
+        """
+        try:
+            if self._writer is not None:
+                self._writer.close()
+                self.pause_s += self._writer.waited_s
+        finally:
+            run_s = time.perf_counter() - self._created
+            self._event(
+                {
+                    "event": "run_summary",
+                    "run_s": run_s,
+                    "checkpoint_pause_s": self.pause_s,
+                    "checkpoint_fraction": self.pause_s / run_s if run_s > 0 else None,
+                    "interval": self.cadence.describe(),
+                }
+            )
+
+
+def process_age_s() -> float | None:
+    """Seconds since this process started (Linux ``/proc``); ``None`` elsewhere."""
+    try:
+        fields = Path("/proc/self/stat").read_text().rsplit(")", 1)[1].split()
+        start_ticks = int(fields[19])
+        uptime = float(Path("/proc/uptime").read_text().split()[0])
+        return uptime - start_ticks / os.sysconf("SC_CLK_TCK")
+    except (OSError, ValueError, IndexError):
+        return None
 
 
 def _yaml(data: bytes | None) -> dict[str, Any] | None:

@@ -17,7 +17,7 @@ from typing import Any
 
 import torch
 
-from recovery import audit, errors, resume, signing
+from recovery import audit, errors, policy, resume, signing
 from recovery.config import SigningConfig
 from recovery.layout import scan
 from recovery.signing import PUBLIC_KEY_FILE, TrustStore
@@ -38,6 +38,11 @@ EXIT_CODES: list[tuple[type[BaseException], int, str]] = [
     (errors.PurposeError, 18, "artifact's purpose cannot serve the requested use"),
     (errors.DriftError, 19, "strict resume refused: code, dependencies, data or config changed"),
     (errors.SigningKeyError, 20, "signing key unreadable or unsupported"),
+    (
+        errors.Preempted,
+        75,
+        "preempted: checkpointed at the step boundary, requeue with +resume=latest",
+    ),
     (errors.FormatError, 10, "verified bytes do not decode"),
     (errors.IncompatibleStateError, 11, "checkpoint does not fit this run"),
     (errors.ConfigError, 12, "invalid configuration"),
@@ -57,7 +62,8 @@ def exit_code(err: BaseException) -> int:
 
 def report(err: BaseException) -> int:
     """Print one line for ``err`` on stderr and return its exit code."""
-    print(f"error: {err}", file=sys.stderr)
+    label = "preempted" if isinstance(err, errors.Preempted) else "error"
+    print(f"{label}: {err}", file=sys.stderr)
     return exit_code(err)
 
 
@@ -287,6 +293,48 @@ def cmd_audit(args: argparse.Namespace) -> int:
     return exit_code(first.exception) if first.exception else 1
 
 
+def cmd_plan(args: argparse.Namespace) -> int:
+    try:
+        cost = policy.parse_duration(args.cost)
+        mtbf = policy.parse_duration(args.mtbf)
+        intervals = [policy.parse_duration(t) for t in args.intervals.split(",")]
+    except ValueError as err:
+        raise errors.ConfigError(f"plan: {err}") from None
+    best = policy.young_daly(cost, mtbf)
+    rows = policy.plan(cost, mtbf, sorted({*intervals, best}))
+    optimum = min(rows, key=lambda r: r["total_per_day_s"])
+    for row in rows:
+        row["optimum"] = row is optimum
+        row["young_daly"] = row["interval_s"] == best
+    header = (
+        f"checkpoint cost C = {_dur(cost)}, MTBF = {_dur(mtbf)}; "
+        f"Young/Daly optimum sqrt(2*C*MTBF) = {_dur(best)}\n"
+        f"{'interval':>10}  {'lost/failure':>12}  {'ckpt cost/day':>13}  "
+        f"{'failure loss/day':>16}  {'total/day':>10}"
+    )
+    lines = [header]
+    for r in rows:
+        mark = "  <- optimum" if r["optimum"] else ""
+        lines.append(
+            f"{_dur(r['interval_s']):>10}  {_dur(r['loss_per_failure_s']):>12}  "
+            f"{_dur(r['checkpoint_cost_per_day_s']):>13}  {_dur(r['failure_loss_per_day_s']):>16}  "
+            f"{_dur(r['total_per_day_s']):>10}{mark}"
+        )
+    _emit(
+        args, {"cost_s": cost, "mtbf_s": mtbf, "young_daly_s": best, "rows": rows}, "\n".join(lines)
+    )
+    return 0
+
+
+def _dur(seconds: float) -> str:
+    """``45s``, ``12.5m``, ``3.2h``."""
+    if seconds < 120:
+        return f"{seconds:.3g}s"
+    if seconds < 7200:
+        return f"{seconds / 60:.3g}m"
+    return f"{seconds / 3600:.3g}h"
+
+
 def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(
         prog="recovery",
@@ -327,6 +375,15 @@ def build_parser() -> argparse.ArgumentParser:
             help="accept signatures by keys outside the trust store (still checked against "
             "the key the statement carries)",
         )
+    p = sub.add_parser("plan", help="checkpoint interval arithmetic: cost vs expected loss")
+    p.add_argument("--cost", required=True, help="cost of one checkpoint to the run, e.g. 60s")
+    p.add_argument("--mtbf", required=True, help="mean time between failures, e.g. 24h")
+    p.add_argument(
+        "--intervals",
+        default="5m,10m,30m,1h,2h,4h,8h",
+        help="comma-separated intervals to compare (the optimum is always added)",
+    )
+    p.set_defaults(func=cmd_plan)
     p = sub.add_parser("keygen", help="create an ECDSA P-256 signing key pair")
     p.add_argument("--out", required=True, help="directory for recovery.key and recovery.pub")
     p.add_argument("--force", action="store_true", help="replace an existing key pair")

@@ -9,13 +9,14 @@ dataclasses, never raw config nodes.
 from __future__ import annotations
 
 import re
-from dataclasses import dataclass
-from typing import Any, TypeVar
+from dataclasses import dataclass, field
+from typing import Any, ClassVar, TypeVar
 
 from omegaconf import OmegaConf
 from omegaconf.errors import OmegaConfBaseException
 
 from recovery.errors import ConfigError
+from recovery.policy import parse_duration
 
 T = TypeVar("T")
 
@@ -38,6 +39,20 @@ class CheckpointConfig:
     """Also write a warm-start artifact (weights + model config) every this many steps; 0: never."""
     strict_resume: bool = False
     """Refuse a resume whose code, dependencies, dataset or config differ from the checkpoint's."""
+    async_save: bool = False
+    """``checkpoint.async``: pause only to copy the state into reused host buffers; a
+    background thread serialises, hashes, signs and commits."""
+    every_seconds: float = 0.0
+    """Also save when this many seconds passed since the last save; 0: off."""
+    interval: str = "fixed"
+    """``fixed`` (every_steps / every_seconds) or ``auto``: the Young/Daly interval
+    sqrt(2 * cost * mtbf) from measured save costs."""
+    mtbf: str = "24h"
+    """Mean time between failures for ``interval=auto`` (``90m``, ``24h``, ``2d``)."""
+    preempt_signals: list[str] = field(default_factory=lambda: ["SIGTERM", "SIGUSR1"])
+    """Signals that mean "checkpoint at the next step boundary and exit 75"."""
+
+    ALIASES: ClassVar[dict[str, str]] = {"async": "async_save"}
 
     def __post_init__(self) -> None:
         if not self.root:
@@ -51,6 +66,14 @@ class CheckpointConfig:
             )
         if self.keep_every < 0:
             raise ConfigError(f"checkpoint.keep_every: must be >= 0, got {self.keep_every}")
+        if self.every_seconds < 0:
+            raise ConfigError(f"checkpoint.every_seconds: must be >= 0, got {self.every_seconds}")
+        if self.interval not in ("fixed", "auto"):
+            raise ConfigError(f"checkpoint.interval: expected fixed or auto, got {self.interval!r}")
+        try:
+            parse_duration(self.mtbf)
+        except ValueError as err:
+            raise ConfigError(f"checkpoint.mtbf: {err}") from None
         if self.warm_start_every < 0:
             raise ConfigError(
                 f"checkpoint.warm_start_every: must be >= 0, got {self.warm_start_every}"
@@ -113,6 +136,13 @@ def typed(schema: type[T], node: Any, *, key: str) -> T:
     Raises:
         ConfigError: naming the key, the bad value and the reason.
     """
+    aliases: dict[str, str] = getattr(schema, "ALIASES", {})
+    if aliases and node is not None:
+        plain = (
+            OmegaConf.to_container(node, resolve=True) if not isinstance(node, dict) else dict(node)
+        )
+        if isinstance(plain, dict):
+            node = {aliases.get(str(k), str(k)): v for k, v in plain.items()}
     try:
         merged = OmegaConf.merge(OmegaConf.structured(schema), node if node is not None else {})
         obj = OmegaConf.to_object(merged)

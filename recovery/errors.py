@@ -25,6 +25,7 @@ and what to do. Only ``recovery.cli`` maps these classes to exit codes.
     ├── PurposeError(ValueError)                artifact's purpose cannot serve the requested use
     ├── DriftError(ValueError)                  strict resume refused: code/deps/data/config changed
     ├── SigningKeyError(ValueError)             a signing key cannot be read or is unsupported
+    ├── Preempted                               a preemption signal: checkpointed, requeue me
     └── IncompatibleStateError(ValueError)      checkpoint does not fit this run
 """
 
@@ -135,6 +136,25 @@ class DriftError(RecoveryError, ValueError):
 
 class SigningKeyError(RecoveryError, ValueError):
     """A signing or trusted key cannot be read, or uses an unsupported algorithm."""
+
+
+class Preempted(RecoveryError):
+    """The run received a preemption signal and stopped after a checkpoint.
+
+    Not a failure: the newest checkpoint is complete; requeue the same command
+    with ``+resume=latest``.
+
+    Attributes:
+        step: the step of the checkpoint written on the way out.
+        signal_name: the signal that asked for it.
+    """
+
+    def __init__(
+        self, message: str, *, step: int, signal_name: str, path: str | Path | None = None
+    ) -> None:
+        super().__init__(message, path=path)
+        self.step = step
+        self.signal_name = signal_name
 
 
 class FormatError(RecoveryError, ValueError):

@@ -9,8 +9,12 @@ and ``commit-<phase>-<N>`` inside the commit of step N's checkpoint, with phase
 durable, manifest not yet written) and ``before-rename`` (manifest durable,
 directory not yet renamed).
 
-Without the variable, :func:`reach` is one dict lookup; it never changes
-behaviour otherwise.
+With ``RECOVERY_PAUSE_RELEASE=<file>`` as well, the pause ends when that file
+appears (the driver can send a signal first, then let the process go on to
+handle it), and the point is passed only once.
+
+Without the variable, :func:`reach` is one environment lookup; it never
+changes behaviour otherwise.
 """
 
 from __future__ import annotations
@@ -20,6 +24,8 @@ import time
 
 PAUSE_ENV = "RECOVERY_PAUSE_AT"
 MARK_ENV = "RECOVERY_PAUSE_MARK"
+RELEASE_ENV = "RECOVERY_PAUSE_RELEASE"
+_passed: set[str] = set()
 
 
 def _armed() -> frozenset[str]:
@@ -28,8 +34,8 @@ def _armed() -> frozenset[str]:
 
 
 def reach(point: str) -> None:
-    """Pause here forever if ``point`` is armed; return at once otherwise."""
-    if point not in _armed():
+    """Pause here if ``point`` is armed (forever, or until released); else return at once."""
+    if point not in _armed() or point in _passed:
         return
     mark = os.environ.get(MARK_ENV)
     if mark:
@@ -37,5 +43,9 @@ def reach(point: str) -> None:
         with open(tmp, "w") as fh:
             fh.write(point)
         os.replace(tmp, mark)
-    while True:  # wait for the driver's signal
-        time.sleep(3600)
+    release = os.environ.get(RELEASE_ENV)
+    while True:  # wait for the driver's signal, or its release file
+        if release and os.path.exists(release):
+            _passed.add(point)
+            return
+        time.sleep(0.02 if release else 3600)

@@ -16,6 +16,7 @@ from __future__ import annotations
 
 import json
 import logging
+import threading
 from pathlib import Path
 from typing import IO, Any
 
@@ -32,14 +33,18 @@ class Journal:
         self._fh: IO[str] = open(path, "a", encoding="utf-8")  # noqa: SIM115 - held open for the run
         if needs_newline:
             self._fh.write("\n")
+        self._lock = threading.Lock()  # background saves record their costs too
 
     def write(self, record: dict[str, Any]) -> None:
-        """Append one record and flush it to the OS."""
-        self._fh.write(json.dumps(record, separators=(",", ":")) + "\n")
-        self._fh.flush()
+        """Append one record and flush it to the OS (safe from several threads)."""
+        line = json.dumps(record, separators=(",", ":")) + "\n"
+        with self._lock:
+            self._fh.write(line)
+            self._fh.flush()
 
     def close(self) -> None:
-        self._fh.close()
+        with self._lock:
+            self._fh.close()
 
 
 def _ends_with_newline(path: Path) -> bool:

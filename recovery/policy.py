@@ -45,3 +45,78 @@ def to_delete(steps: Iterable[int], *, newest: int, keep_last: int, keep_every: 
     if keep_every > 0:
         keep |= {s for s in present if s % keep_every == 0}
     return [s for s in present if s not in keep and s < newest]
+
+
+_UNITS = {"s": 1.0, "m": 60.0, "h": 3600.0, "d": 86400.0}
+
+
+def parse_duration(text: str | float | int) -> float:
+    """Seconds in ``60``, ``90s``, ``5m``, ``24h`` or ``2d``.
+
+    Raises:
+        ValueError: not a positive duration.
+    """
+    if isinstance(text, int | float) and not isinstance(text, bool):
+        value = float(text)
+    else:
+        raw = str(text).strip().lower()
+        unit = _UNITS.get(raw[-1:])
+        number = raw[:-1] if unit is not None else raw
+        try:
+            value = float(number) * (unit or 1.0)
+        except ValueError:
+            raise ValueError(f"expected a duration like 60s, 5m, 24h or 2d, got {text!r}") from None
+    if not value > 0:
+        raise ValueError(f"expected a positive duration, got {text!r}")
+    return value
+
+
+def young_daly(cost_s: float, mtbf_s: float) -> float:
+    """The first-order optimal checkpoint interval sqrt(2 * C * MTBF), in seconds."""
+    return float((2.0 * cost_s * mtbf_s) ** 0.5)
+
+
+def auto_interval(cost_s: float, mtbf_s: float, persist_s: float) -> float:
+    """Young/Daly interval, never shorter than the time a save takes to persist."""
+    return max(young_daly(cost_s, mtbf_s), persist_s)
+
+
+def plan(cost_s: float, mtbf_s: float, intervals: list[float]) -> list[dict[str, float]]:
+    """Per interval T: expected work lost per failure (T/2), checkpoint cost per day
+    (C * day / T), expected failure loss per day (day / MTBF * T/2) and the total.
+    """
+    day = 86400.0
+    rows = []
+    for t in intervals:
+        loss = t / 2.0
+        cost_day = cost_s * day / t
+        loss_day = day / mtbf_s * loss
+        rows.append(
+            {
+                "interval_s": t,
+                "loss_per_failure_s": loss,
+                "checkpoint_cost_per_day_s": cost_day,
+                "failure_loss_per_day_s": loss_day,
+                "total_per_day_s": cost_day + loss_day,
+            }
+        )
+    return rows
+
+
+def due(
+    step: int,
+    now: float,
+    *,
+    every_steps: int,
+    every_seconds: float,
+    final_step: int,
+    last_step: int | None,
+    last_time: float,
+) -> bool:
+    """Whether to checkpoint after ``step``: on a step multiple, after ``every_seconds``
+    since the last save, or at the final step; never twice for one step."""
+    if should_save(step, every_steps=every_steps, final_step=final_step, last_saved=last_step):
+        return True
+    if step <= 0 or step == last_step:
+        return False
+    return every_seconds > 0 and now - last_time >= every_seconds

@@ -33,22 +33,36 @@ class Decoded:
 def encode(
     tree: dict[str, Any], *, step: int, meta: dict[str, Any], config_yaml: str | None = None
 ) -> dict[str, bytes | dict[str, torch.Tensor]]:
-    """Lay a state tree out as files, tensor files first (as tensor mappings, streamed by
-    the committer without a copy), JSON after.
+    """Lay a state tree out as files (see :func:`encode_split`), without copying tensors."""
+    skeletons: dict[str, Any] = {}
+    tensors: dict[str, dict[str, torch.Tensor]] = {}
+    for name, state in tree.items():
+        skeletons[name], tensors[name] = codec.split(state)
+    return encode_split(skeletons, tensors, step=step, meta=meta, config_yaml=config_yaml)
+
+
+def encode_split(
+    skeletons: dict[str, Any],
+    tensors: dict[str, dict[str, torch.Tensor]],
+    *,
+    step: int,
+    meta: dict[str, Any],
+    config_yaml: str | None = None,
+) -> dict[str, bytes | dict[str, torch.Tensor]]:
+    """Lay out already-split components as files: tensor files first (tensor mappings,
+    streamed by the committer), then ``state.json`` and ``config.yaml``.
 
     Args:
-        tree: component name -> state (from ``TrainState.state_dict``).
+        skeletons: component name -> JSON-able skeleton.
+        tensors: component name -> its tensors.
         step: the global step this state is at.
         meta: JSON-able extra fields for ``state.json`` (run id, metrics, ...).
         config_yaml: the resolved config text, if any.
     """
     files: dict[str, bytes | dict[str, torch.Tensor]] = {}
-    skeletons: dict[str, Any] = {}
-    for name, state in tree.items():
-        skeleton, tensors = codec.split(state)
-        skeletons[name] = skeleton
-        if tensors:
-            files[tensor_file(name)] = tensors
+    for name, ts in tensors.items():
+        if ts:
+            files[tensor_file(name)] = ts
     doc = {"format": STATE_FORMAT, "step": step, "components": skeletons, **meta}
     files[STATE_FILE] = codec.dumps_json(doc)
     if config_yaml is not None:

@@ -53,7 +53,8 @@ def data_root(tmp_path_factory):
 @pytest.fixture
 def trainer(data_root, signer):
     """``trainer(root, *overrides, pause_at=None)`` runs train.py; with ``pause_at`` it is
-    SIGKILLed when it reaches that :mod:`recovery.faults` point. Runs sign with the
+    SIGKILLed when it reaches that :mod:`recovery.faults` point, or, with ``signals``,
+    sent those signals there and then released to handle them. Runs sign with the
     session's test key (``dev_key=True``: with the auto-made dev key instead)."""
 
     def run(
@@ -65,6 +66,7 @@ def trainer(data_root, signer):
         cwd: Path | None = None,
         script: Path = TRAIN,
         data: Path | None = None,
+        signals: tuple[int, ...] = (),
     ) -> Result:
         root.mkdir(parents=True, exist_ok=True)
         cmd = [
@@ -81,9 +83,12 @@ def trainer(data_root, signer):
             env[KEY_ENV] = str(signer.path)
         mark = root / "paused.mark"
         mark.unlink(missing_ok=True)
+        (root / "release").unlink(missing_ok=True)
         if pause_at:
             env[faults.PAUSE_ENV] = pause_at
             env[faults.MARK_ENV] = str(mark)
+            if signals:
+                env[faults.RELEASE_ENV] = str(root / "release")
         log_path = root / f"train-{time.monotonic_ns()}.log"
         with open(log_path, "w") as log:
             proc = subprocess.Popen(
@@ -101,7 +106,14 @@ def trainer(data_root, signer):
                         proc.kill()
                         pytest.fail(f"train.py never reached {pause_at}")
                     time.sleep(0.02)
-                os.kill(proc.pid, signal.SIGKILL)
+                if signals:
+                    # deliver the signals while it is paused, then let it go on
+                    for sig in signals:
+                        os.kill(proc.pid, sig)
+                        time.sleep(0.2)
+                    (root / "release").touch()
+                else:
+                    os.kill(proc.pid, signal.SIGKILL)
             proc.wait(timeout=max(1.0, deadline - time.monotonic()))
         return Result(proc.returncode, log_path.read_text(), root / "r")
 

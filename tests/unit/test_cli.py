@@ -25,7 +25,7 @@ def test_public_surface_is_pinned():
         ]
     )
     sub = next(a for a in cli.build_parser()._actions if a.dest == "command")
-    assert sorted(sub.choices) == ["audit", "inspect", "keygen", "ls", "verify"]
+    assert sorted(sub.choices) == ["audit", "inspect", "keygen", "ls", "plan", "verify"]
 
 
 def test_exit_codes_are_distinct_and_cover_every_error():
@@ -138,3 +138,22 @@ def test_keygen(tmp_path, capsys):
     )
     assert cli.main(["keygen", "--out", str(out)]) == 20
     assert "already exists" in capsys.readouterr().err
+
+
+def test_plan_table(capsys):
+    assert (
+        cli.main(["plan", "--cost", "60s", "--mtbf", "24h", "--intervals", "10m,1h", "--json"]) == 0
+    )
+    out = json.loads(capsys.readouterr().out)
+    rows = {round(r["interval_s"], 2): r for r in out["rows"]}
+    assert set(rows) == {600.0, 3600.0, 3219.94}
+    assert (
+        rows[3600.0]["checkpoint_cost_per_day_s"] == 1440
+        and rows[3600.0]["loss_per_failure_s"] == 1800
+    )
+    assert rows[3219.94]["optimum"] and rows[3219.94]["young_daly"]
+    assert not rows[600.0]["optimum"]
+    assert cli.main(["plan", "--cost", "60s", "--mtbf", "24h"]) == 0
+    text = capsys.readouterr().out
+    assert "53.7m" in text and text.count("<- optimum") == 1
+    assert cli.main(["plan", "--cost", "soon", "--mtbf", "24h"]) == 12

@@ -1,6 +1,14 @@
 import pytest
 
-from recovery.policy import should_save, to_delete
+from recovery.policy import (
+    auto_interval,
+    due,
+    parse_duration,
+    plan,
+    should_save,
+    to_delete,
+    young_daly,
+)
 
 
 @pytest.mark.parametrize(
@@ -39,3 +47,67 @@ def test_should_save(step, every, final, last, expected):
 )
 def test_to_delete(steps, newest, keep_last, keep_every, expected):
     assert to_delete(steps, newest=newest, keep_last=keep_last, keep_every=keep_every) == expected
+
+
+@pytest.mark.parametrize(
+    ("text", "seconds"),
+    [("60", 60), ("90s", 90), ("5m", 300), ("24h", 86400), ("2d", 172800), (1.5, 1.5)],
+)
+def test_parse_duration(text, seconds):
+    assert parse_duration(text) == seconds
+
+
+@pytest.mark.parametrize("bad", ["", "h", "-5m", "0", "soon"])
+def test_parse_duration_refuses(bad):
+    with pytest.raises(ValueError):
+        parse_duration(bad)
+
+
+@pytest.mark.parametrize(
+    ("cost", "mtbf", "expected"),
+    [(60, 86400, 3219.94), (1, 86400, 415.69), (0.02, 3600, 12.0), (600, 86400 * 7, 26940.0)],
+)
+def test_young_daly(cost, mtbf, expected):
+    assert young_daly(cost, mtbf) == pytest.approx(expected, rel=1e-4)
+
+
+def test_auto_interval_never_below_persist_time():
+    assert auto_interval(0.001, 100, persist_s=5.0) == 5.0
+    assert auto_interval(60, 86400, persist_s=5.0) == pytest.approx(3219.94, rel=1e-4)
+
+
+def test_plan_arithmetic_and_optimum():
+    """The worked example: a 60 s checkpoint and a failure a day."""
+    rows = plan(60, 86400, [600, 3600, young_daly(60, 86400)])
+    hourly = rows[1]
+    assert hourly["loss_per_failure_s"] == 1800  # half an hour lost per preemption
+    assert hourly["checkpoint_cost_per_day_s"] == 1440  # 24 minutes a day
+    assert hourly["failure_loss_per_day_s"] == 1800
+    assert rows[0]["checkpoint_cost_per_day_s"] == 8640  # every 10 min: 2.4 h a day
+    best = min(rows, key=lambda r: r["total_per_day_s"])
+    assert best["interval_s"] == pytest.approx(3219.94, rel=1e-4)
+    assert best["total_per_day_s"] == pytest.approx(86400 * (2 * 60 / 86400) ** 0.5)
+
+
+@pytest.mark.parametrize(
+    ("step", "now", "every_steps", "every_seconds", "last_step", "last_time", "expected"),
+    [
+        (10, 0.0, 10, 0, None, 0.0, True),
+        (11, 100.0, 10, 60, 10, 30.0, True),  # 70 s since the last save
+        (11, 80.0, 10, 60, 10, 30.0, False),
+        (10, 80.0, 0, 60, 10, 0.0, False),  # same step twice: never
+        (7, 5.0, 0, 0, None, 0.0, False),
+        (20, 5.0, 0, 0, None, 0.0, True),  # the final step
+    ],
+)
+def test_due(step, now, every_steps, every_seconds, last_step, last_time, expected):
+    got = due(
+        step,
+        now,
+        every_steps=every_steps,
+        every_seconds=every_seconds,
+        final_step=20,
+        last_step=last_step,
+        last_time=last_time,
+    )
+    assert got is expected

@@ -1,0 +1,82 @@
+"""One background thread that commits snapshots, at most one in flight.
+
+The checkpointer hands it a closure that serialises, hashes, signs, commits
+and retains one staged snapshot. The next save waits for the previous one (the
+staging buffers are reused), and the wait is logged. A failure in the
+background is kept and raised on the training thread at the next step
+boundary, so an error is never lost and never half-trusted (an uncommitted
+write is only a temp directory).
+"""
+
+from __future__ import annotations
+
+import contextlib
+import logging
+import time
+from collections.abc import Callable
+from concurrent.futures import Future, ThreadPoolExecutor
+from pathlib import Path
+
+from recovery.errors import CommitError
+
+log = logging.getLogger(__name__)
+
+
+class BackgroundWriter:
+    """Runs save jobs one at a time on a worker thread."""
+
+    def __init__(self) -> None:
+        self._pool = ThreadPoolExecutor(max_workers=1, thread_name_prefix="recovery-save")
+        self._pending: Future[Path] | None = None
+        self.waited_s = 0.0
+
+    @property
+    def busy(self) -> bool:
+        return self._pending is not None and not self._pending.done()
+
+    def raise_if_failed(self) -> None:
+        """Raise the error of a finished background save, once."""
+        job = self._pending
+        if job is not None and job.done():
+            self._pending = None
+            err = job.exception()
+            if err is not None:
+                raise CommitError(
+                    f"a background checkpoint save failed: {err}. Earlier checkpoints are intact.",
+                    path=getattr(err, "path", None),
+                ) from err
+
+    def wait(self) -> float:
+        """Wait for the save in flight (if any); return the seconds waited.
+
+        Raises:
+            CommitError: that save failed.
+        """
+        started = time.perf_counter()
+        if self.busy:
+            log.info("checkpoint: waiting for the previous background save to finish")
+        job = self._pending
+        if job is not None:
+            with contextlib.suppress(BaseException):  # raised below, with context
+                job.result()
+        waited = time.perf_counter() - started
+        self.waited_s += waited
+        self.raise_if_failed()
+        self._pending = None
+        return waited
+
+    def submit(self, job: Callable[[], Path]) -> None:
+        """Start ``job``; the caller must have called :meth:`wait` first."""
+        assert self._pending is None, "one save in flight at most"  # internal invariant
+        self._pending = self._pool.submit(job)
+
+    def close(self) -> None:
+        """Wait for the save in flight, then stop the thread.
+
+        Raises:
+            CommitError: the last save failed.
+        """
+        try:
+            self.wait()
+        finally:
+            self._pool.shutdown(wait=True)
