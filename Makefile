@@ -4,7 +4,7 @@ VENV := .venv
 BIN := $(VENV)/bin
 STAMP := $(VENV)/.installed
 
-.PHONY: demo test lint install clean
+.PHONY: demo test lint install clean bench
 
 $(BIN)/python:
 	$(PY) -m venv $(VENV)
@@ -21,8 +21,8 @@ $(STAMP): pyproject.toml | $(BIN)/python
 install: $(STAMP)
 
 lint: $(STAMP)
-	$(BIN)/ruff check recovery recipes tests train.py demo.py
-	$(BIN)/ruff format --check recovery recipes tests train.py demo.py
+	$(BIN)/ruff check recovery recipes tests train.py demo.py benchmarks
+	$(BIN)/ruff format --check recovery recipes tests train.py demo.py benchmarks
 	$(BIN)/mypy
 
 test: $(STAMP) lint
@@ -33,3 +33,7 @@ demo: $(STAMP)
 
 clean:
 	rm -rf $(VENV) .demo
+
+# Speed is a benchmark, never a test: results go to BENCHMARKS.md by hand.
+bench: $(STAMP)
+	$(BIN)/python benchmarks/bench_checkpoint.py --size-gb 1.0 --runs 5 --json .bench.json

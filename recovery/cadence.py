@@ -14,7 +14,9 @@ measurements and the clock.
 from __future__ import annotations
 
 import logging
+import os
 import time
+from pathlib import Path
 from statistics import fmean
 from typing import Any
 
@@ -98,3 +100,14 @@ class Cadence:
                 formula="max(sqrt(2 * cost_s * mtbf_s), persist_s)",
             )
         return out
+
+
+def process_age_s() -> float | None:
+    """Seconds since this process started (Linux ``/proc``); ``None`` elsewhere."""
+    try:
+        fields = Path("/proc/self/stat").read_text().rsplit(")", 1)[1].split()
+        start_ticks = int(fields[19])
+        uptime = float(Path("/proc/uptime").read_text().split()[0])
+        return uptime - start_ticks / os.sysconf("SC_CLK_TCK")
+    except (OSError, ValueError, IndexError):
+        return None

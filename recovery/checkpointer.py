@@ -11,7 +11,6 @@ artifact. One process writes a run directory at a time.
 from __future__ import annotations
 
 import logging
-import os
 import shutil
 import time
 import uuid
@@ -24,11 +23,12 @@ import yaml
 
 from recovery import codec, commit, lineage, policy, purpose, resume, snapshot
 from recovery import provenance as prov
-from recovery.cadence import Cadence
+from recovery import restore as begin
+from recovery.cadence import Cadence, process_age_s
 from recovery.config import CheckpointConfig
-from recovery.errors import DriftError, Preempted, PurposeError, RunDirInUseError
+from recovery.errors import Preempted, PurposeError, RunDirInUseError
 from recovery.journal import Journal
-from recovery.layout import CONFIG_FILE, scan, step_dir_name
+from recovery.layout import scan, step_dir_name
 from recovery.manifest import Manifest
 from recovery.preemption import PreemptionGuard
 from recovery.purpose import BUILTIN, PurposeSpec
@@ -150,73 +150,51 @@ class Checkpointer:
                 path=self.run_dir,
             )
         if init_from is not None:
-            return self._warm_start(state, Path(str(init_from)))
-        self.lineage = [lineage.segment(lineage.START, self.run_id, 0, None)]
+            ident = begin.warm_start_from(
+                state,
+                Path(str(init_from)),
+                run_id=self.run_id,
+                trust=self.trust,
+                allow_untrusted=self.allow_untrusted,
+                root=self.root,
+            )
+            self._adopt(ident)
+            self._event({"event": "warm_start", "run_id": self.run_id, "from": str(init_from)})
+            return 0
+        self._adopt(begin.fresh(self.run_id))
         self._event({"event": "start", "run_id": self.run_id})
         return 0
 
     def _resume(self, state: TrainState, loaded: resume.Loaded) -> int:
-        rec = loaded.manifest.recovery
-        old_config = _yaml(loaded.files.get(CONFIG_FILE))
-        self.drift = prov.drift(
-            rec.get("provenance", {}),
-            self.provenance,
-            old_config=old_config,
-            new_config=self.config,
+        ident = begin.resume_from(
+            state,
+            loaded,
+            run_id=self.run_id,
+            provenance=self.provenance,
+            config=self.config,
+            strict=self.cfg.strict_resume,
+            root=self.root,
         )
-        for line in self.drift:
-            log.warning("DRIFT since %s: %s", loaded.path.name, line)
-        if self.drift and self.cfg.strict_resume:
-            raise DriftError(
-                f"{loaded.path}: refusing to resume (checkpoint.strict_resume=true); "
-                f"{len(self.drift)} differences:\n  "
-                + "\n  ".join(self.drift)
-                + "\nRestore the original code, dependencies, data and config, "
-                "or resume without strict mode.",
-                differences=self.drift,
-                path=loaded.path,
-            )
-        state.load_state_dict(loaded.decoded.tree, source=str(loaded.path))
-        step = loaded.decoded.step
-        self.run_id = str(rec.get("run_id") or self.run_id)
-        source = lineage.link(loaded.manifest, loaded.path, self.root)
-        self.lineage = [
-            *rec.get("lineage", []),
-            lineage.segment(lineage.RESUME, self.run_id, step, source, drift=self.drift),
-        ]
-        self.previous = source
-        self.parent = {"kind": lineage.RESUME, **source}
-        self.last_saved = step
-        self.resumed_from = loaded.path
-        log.info("resumed from %s at step %d", loaded.path, step)
+        self._adopt(ident)
+        self.last_saved = ident.step
         self._event(
             {
                 "event": "resume",
                 "from": str(loaded.path),
-                "step": step,
+                "step": ident.step,
                 "skipped": [str(p) for p, _ in loaded.skipped],
-                "drift": self.drift,
+                "drift": ident.drift,
             }
         )
-        return step
+        return ident.step
 
-    def _warm_start(self, state: TrainState, path: Path) -> int:
-        loaded = resume.load(path, self.trust, allow_untrusted=self.allow_untrusted)
-        purpose.check_use(
-            purpose.INIT, loaded.manifest.purpose, where=str(path), present=loaded.components
-        )
-        if MODEL not in loaded.decoded.tree:
-            raise PurposeError(f"{path}: holds no model weights to start from", missing=[MODEL])
-        state.load_state_dict(loaded.decoded.tree, source=str(path), only=[MODEL])
-        source = lineage.link(loaded.manifest, path, self.root)
-        self.lineage = [
-            *loaded.manifest.recovery.get("lineage", []),
-            lineage.segment(lineage.WARM_START, self.run_id, 0, source),
-        ]
-        self.parent = {"kind": lineage.WARM_START, **source}
-        log.info("warm start: new run %s initialised from %s", self.run_id, path)
-        self._event({"event": "warm_start", "run_id": self.run_id, "from": str(path)})
-        return 0
+    def _adopt(self, ident: begin.Identity) -> None:
+        self.run_id = ident.run_id
+        self.lineage = ident.lineage
+        self.previous = ident.previous
+        self.parent = ident.parent
+        self.drift = ident.drift
+        self.resumed_from = ident.resumed_from
 
     # -- save ------------------------------------------------------------------
 
@@ -448,21 +426,3 @@ class Checkpointer:
                     "interval": self.cadence.describe(),
                 }
             )
-
-
-def process_age_s() -> float | None:
-    """Seconds since this process started (Linux ``/proc``); ``None`` elsewhere."""
-    try:
-        fields = Path("/proc/self/stat").read_text().rsplit(")", 1)[1].split()
-        start_ticks = int(fields[19])
-        uptime = float(Path("/proc/uptime").read_text().split()[0])
-        return uptime - start_ticks / os.sysconf("SC_CLK_TCK")
-    except (OSError, ValueError, IndexError):
-        return None
-
-
-def _yaml(data: bytes | None) -> dict[str, Any] | None:
-    if data is None:
-        return None
-    doc = yaml.safe_load(data)
-    return doc if isinstance(doc, dict) else None

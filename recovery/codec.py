@@ -28,7 +28,6 @@ from collections.abc import Mapping
 from typing import Any
 
 import numpy as np
-import safetensors.torch
 import torch
 
 from recovery.errors import FormatError
@@ -153,14 +152,3 @@ def loads_json(data: bytes, *, name: str) -> Any:
         return json.loads(data)
     except (UnicodeDecodeError, json.JSONDecodeError) as err:
         raise FormatError(f"{name}: expected JSON, found undecodable bytes ({err})") from err
-
-
-def tensors_from_bytes(data: bytes, *, name: str) -> dict[str, torch.Tensor]:
-    """Parse safetensors bytes (never pickle), naming ``name`` if they do not parse."""
-    try:
-        return safetensors.torch.load(data)
-    except Exception as err:  # safetensors raises its own SafetensorError and others
-        raise FormatError(
-            f"{name}: expected a safetensors file, found bytes that do not parse as one ({err}); "
-            "the file was not written by this tool"
-        ) from err

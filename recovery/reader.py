@@ -1,8 +1,9 @@
 """Verify a committed directory and hand back exactly the bytes that were hashed.
 
-Nothing is deserialised here: :func:`read_verified` reads each listed file
-once into memory, checks its size and sha256 against the manifest, and returns
-those bytes. Decoders then parse the same bytes, so there is no window between
+Nothing is deserialised here: :func:`read_verified` checks each listed file's
+size, reads it once into memory (tensor files into one buffer each, hashed
+while they arrive), checks its sha256 against the manifest, and returns those
+bytes. Decoders then parse the same bytes, so there is no window between
 "checked" and "used" in which the file could change.
 
 Checks, each with its own error, in this order: ``model.sig`` present; its
@@ -20,7 +21,9 @@ import stat
 from dataclasses import dataclass
 from pathlib import Path
 
-from recovery import manifest, signing
+import torch
+
+from recovery import manifest, signing, tensorfile
 from recovery.errors import (
     CheckpointNotFoundError,
     DigestMismatchError,
@@ -30,18 +33,22 @@ from recovery.errors import (
     TruncatedFileError,
     UnsafePathError,
 )
-from recovery.layout import SIGNATURE_FILE, is_uncommitted, parse_step
+from recovery.layout import SIGNATURE_FILE, TENSOR_SUFFIX, is_uncommitted, parse_step
 from recovery.manifest import Manifest
 from recovery.signing import TrustStore
 
 
 @dataclass(frozen=True)
 class Verified:
-    """A verified directory: its manifest and the verified bytes of each file."""
+    """A verified directory: its manifest and the verified bytes of each file.
+
+    ``.safetensors`` files come as one uint8 tensor each (decoded zero-copy by
+    :func:`recovery.tensorfile.views`); every other file as ``bytes``.
+    """
 
     path: Path
     manifest: Manifest
-    files: dict[str, bytes]
+    files: dict[str, bytes | torch.Tensor]
 
 
 def _read_nofollow(path: Path) -> bytes:
@@ -159,16 +166,21 @@ def read_verified(
             "another checkpoint.",
             path=path / extra[0],
         )
-    blobs: dict[str, bytes] = {}
+    blobs: dict[str, bytes | torch.Tensor] = {}
     for rec in mf.files:
-        data = _read_nofollow(path / rec.name)
-        if rec.size >= 0 and len(data) != rec.size:
+        found = os.lstat(path / rec.name).st_size
+        if rec.size >= 0 and found != rec.size:
             raise TruncatedFileError(
-                f"{path / rec.name}: expected {rec.size} bytes, found {len(data)}; the file was "
+                f"{path / rec.name}: expected {rec.size} bytes, found {found}; the file was "
                 "truncated or rewritten. Resume from another checkpoint.",
                 path=path / rec.name,
             )
-        digest = hashlib.sha256(data).hexdigest()
+        data: bytes | torch.Tensor
+        if rec.name.endswith(TENSOR_SUFFIX):
+            data, digest = tensorfile.read_hashed(path / rec.name, size=found)
+        else:
+            data = _read_nofollow(path / rec.name)
+            digest = hashlib.sha256(data).hexdigest()
         if digest != rec.sha256:
             raise DigestMismatchError(
                 f"{path / rec.name}: expected sha256 {rec.sha256}, found {digest}; "

@@ -18,6 +18,8 @@ import logging
 from dataclasses import dataclass, field
 from pathlib import Path
 
+import torch
+
 from recovery import purpose, reader, snapshot
 from recovery.errors import (
     CheckpointNotFoundError,
@@ -46,7 +48,7 @@ class Loaded:
     decoded: Decoded
     components: list[str]
     """The purpose-contract components it holds."""
-    files: dict[str, bytes] = field(repr=False, default_factory=dict)
+    files: dict[str, bytes | torch.Tensor] = field(repr=False, default_factory=dict)
     skipped: list[tuple[Path, str]] = field(default_factory=list)
     """Newer checkpoints passed over (``latest`` only), with the reason for each."""
 

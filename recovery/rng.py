@@ -64,7 +64,9 @@ def restore(state: dict[str, Any]) -> None:
             "gauss": npst["gauss"],
         }
     )
-    torch.set_rng_state(state[TORCH])
+    # set_rng_state reads the tensor's storage from its start: give it its own storage
+    # (a loaded state may be a view into a larger file buffer)
+    torch.set_rng_state(state[TORCH].clone())
     saved_cuda = state.get(CUDA)
     if saved_cuda is not None and torch.cuda.is_available():
         if len(saved_cuda) != torch.cuda.device_count():
@@ -75,7 +77,7 @@ def restore(state: dict[str, Any]) -> None:
                     f"cuda devices: saved {len(saved_cuda)}, now {torch.cuda.device_count()}"
                 ],
             )
-        torch.cuda.set_rng_state_all(saved_cuda)
+        torch.cuda.set_rng_state_all([s.clone() for s in saved_cuda])
 
 
 def validate(state: Any) -> list[str]:

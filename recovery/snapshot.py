@@ -13,7 +13,7 @@ from typing import Any
 
 import torch
 
-from recovery import codec
+from recovery import codec, tensorfile
 from recovery.errors import FormatError
 from recovery.layout import CONFIG_FILE, STATE_FILE, tensor_file
 from recovery.reader import Verified
@@ -81,7 +81,10 @@ def decode(verified: Verified) -> Decoded:
         raise FormatError(
             f"{where}: has no {STATE_FILE}; it is not a training checkpoint", path=where
         )
-    doc = codec.loads_json(verified.files[STATE_FILE], name=str(where / STATE_FILE))
+    raw = verified.files[STATE_FILE]
+    doc = codec.loads_json(
+        raw if isinstance(raw, bytes) else bytes(raw.numpy()), name=str(where / STATE_FILE)
+    )
     if not isinstance(doc, dict) or doc.get("format") != STATE_FORMAT:
         raise FormatError(
             f"{where / STATE_FILE}: expected state format {STATE_FORMAT}, "
@@ -91,9 +94,10 @@ def decode(verified: Verified) -> Decoded:
     tree: dict[str, Any] = {}
     for name, skeleton in doc["components"].items():
         fname = tensor_file(name)
+        blob = verified.files.get(fname)
         tensors = (
-            codec.tensors_from_bytes(verified.files[fname], name=str(where / fname))
-            if fname in verified.files
+            tensorfile.views(blob, name=str(where / fname))
+            if isinstance(blob, torch.Tensor)
             else {}
         )
         try:

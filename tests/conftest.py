@@ -22,6 +22,11 @@ def tensor_bytes(tensors) -> bytes:
     return b"".join(bytes(part) for part in tensorfile.chunks(tensors))
 
 
+def tensors_from(data: bytes) -> dict:
+    """Tensors of a safetensors file's bytes, read the way the verifier reads them."""
+    return tensorfile.views(torch.frombuffer(bytearray(data), dtype=torch.uint8), name="t")
+
+
 def make_signer(directory: Path) -> Signer:
     """A signer whose key pair lives in ``directory`` (created once)."""
     if not (directory / "recovery.key").exists():

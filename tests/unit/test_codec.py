@@ -1,5 +1,4 @@
 import math
-import pickle
 
 import numpy as np
 import pytest
@@ -7,14 +6,14 @@ import torch
 
 from recovery import codec
 from recovery.errors import FormatError
-from tests.conftest import tensor_bytes
+from tests.conftest import tensor_bytes, tensors_from
 
 
 def roundtrip(tree):
     skeleton, tensors = codec.split(tree)
     data = tensor_bytes(tensors)
     doc = codec.loads_json(codec.dumps_json(skeleton), name="state.json")
-    return codec.join(doc, codec.tensors_from_bytes(data, name="t.safetensors"))
+    return codec.join(doc, tensors_from(data))
 
 
 def test_roundtrip_keeps_types_and_exact_values():
@@ -60,11 +59,6 @@ def test_shared_storage_is_stored():
 def test_unstorable_leaf_is_refused(leaf):
     with pytest.raises(FormatError):
         codec.split({"x": leaf})
-
-
-def test_pickle_bytes_are_not_safetensors():
-    with pytest.raises(FormatError, match="safetensors"):
-        codec.tensors_from_bytes(pickle.dumps({"a": 1}), name="model.safetensors")
 
 
 def test_missing_tensor_reference():

@@ -6,7 +6,7 @@ import torch
 
 from recovery import codec, rng
 from recovery.errors import IncompatibleStateError
-from tests.conftest import tensor_bytes
+from tests.conftest import tensor_bytes, tensors_from
 
 
 def draw():
@@ -26,7 +26,7 @@ def test_capture_restore_every_stream_through_codec():
     skeleton, tensors = codec.split(state)
     stored = codec.join(
         codec.loads_json(codec.dumps_json(skeleton), name="s"),
-        codec.tensors_from_bytes(tensor_bytes(tensors), name="t"),
+        tensors_from(tensor_bytes(tensors)),
     )
     first = draw()
     rng.restore(stored)

@@ -4,7 +4,7 @@ import torch
 from recovery import rng
 from recovery.errors import ConfigError, IncompatibleStateError
 from recovery.state import TrainState
-from tests.conftest import tensor_bytes, tiny_state, train_steps
+from tests.conftest import tensor_bytes, tensors_from, tiny_state, train_steps
 
 
 def snapshot_values(state):
@@ -121,7 +121,7 @@ def test_grad_scaler_state_roundtrips_through_the_format():
     skeleton, tensors = codec.split(TrainState(scaler=scaler).state_dict())
     tree = codec.join(
         codec.loads_json(codec.dumps_json(skeleton), name="s"),
-        codec.tensors_from_bytes(tensor_bytes(tensors), name="t"),
+        tensors_from(tensor_bytes(tensors)),
     )
     fresh = torch.amp.GradScaler("cpu")
     TrainState(scaler=fresh).load_state_dict(tree)

@@ -1,6 +1,7 @@
 """The streaming writer produces files the official safetensors reader accepts, bit for bit."""
 
 import hashlib
+import pickle
 
 import pytest
 import safetensors.torch
@@ -57,3 +58,64 @@ def test_large_tensor_streams_in_chunks(tmp_path):
 def test_unsupported_dtype():
     with pytest.raises(FormatError, match="complex"):
         tensorfile.header({"c": torch.zeros(2, dtype=torch.complex64)})
+
+
+def test_reads_what_the_official_writer_wrote_without_copying():
+    src = {k: v.contiguous() for k, v in tensors().items() if k != "view"}
+    blob = torch.frombuffer(bytearray(safetensors.torch.save(src)), dtype=torch.uint8)
+    back = tensorfile.views(blob, name="x")
+    for k, v in src.items():
+        assert torch.equal(back[k], v), k
+    big = back["w"]
+    assert big.untyped_storage().data_ptr() == blob.untyped_storage().data_ptr()  # a view
+
+
+def test_read_hashed(tmp_path):
+    src = tensors()
+    rec = tensorfile.write_stream(tmp_path / "t", tensorfile.chunks(src))
+    buf, digest = tensorfile.read_hashed(tmp_path / "t", size=rec.size)
+    assert digest == rec.sha256
+    assert torch.equal(tensorfile.views(buf, name="t")["w"], src["w"])
+
+
+def _blob(data: bytes) -> torch.Tensor:
+    return torch.frombuffer(bytearray(data), dtype=torch.uint8)
+
+
+def _file(head: dict, data: bytes) -> bytes:
+    import json
+
+    body = json.dumps(head).encode()
+    body += b" " * (-len(body) % 8)
+    return len(body).to_bytes(8, "little") + body + data
+
+
+@pytest.mark.parametrize(
+    ("data", "match"),
+    [
+        (pickle.dumps({"a": 1}), "header length"),
+        (b"\x01", "1 bytes"),
+        (
+            _file({"a": {"dtype": "F32", "shape": [2], "data_offsets": [0, 4]}}, b"\0" * 4),
+            "spanning",
+        ),
+        (_file({"a": {"dtype": "F32", "shape": [1], "data_offsets": [4, 8]}}, b"\0" * 8), "gap"),
+        (
+            _file({"a": {"dtype": "F32", "shape": [1], "data_offsets": [0, 4]}}, b"\0" * 8),
+            "file size",
+        ),
+        (
+            _file({"a": {"dtype": "Q9", "shape": [1], "data_offsets": [0, 4]}}, b"\0" * 4),
+            "malformed",
+        ),
+        (
+            _file({"a": {"dtype": "F32", "shape": [-1], "data_offsets": [0, 4]}}, b"\0" * 4),
+            "negative",
+        ),
+        (_file([1, 2], b""), "not a JSON object"),
+    ],
+    ids=["pickle", "tiny", "size", "gap", "trailing", "dtype", "negative", "not-object"],
+)
+def test_malformed_files_are_refused(data, match):
+    with pytest.raises(FormatError, match=match):
+        tensorfile.views(_blob(data), name="model.safetensors")

@@ -1,0 +1,139 @@
+"""The three ways a run begins: fresh, resumed, or warm-started from an artifact.
+
+Each returns the run's :class:`Identity` (run id, lineage and links) after
+loading what it must into the :class:`~recovery.state.TrainState`; the
+checkpointer adopts it and journals the event. Everything that can refuse
+(purpose, drift in strict mode, state mismatch) is checked before the state is
+touched.
+"""
+
+from __future__ import annotations
+
+import logging
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import yaml
+
+from recovery import lineage, purpose, resume
+from recovery import provenance as prov
+from recovery.errors import DriftError, PurposeError
+from recovery.layout import CONFIG_FILE
+from recovery.signing import TrustStore
+from recovery.state import MODEL, TrainState
+
+log = logging.getLogger(__name__)
+
+
+@dataclass
+class Identity:
+    """Who a run is and where it came from."""
+
+    run_id: str
+    lineage: list[dict[str, Any]]
+    step: int = 0
+    previous: dict[str, Any] | None = None
+    parent: dict[str, Any] | None = None
+    drift: list[str] = field(default_factory=list)
+    resumed_from: Path | None = None
+
+
+def fresh(run_id: str) -> Identity:
+    """A new run's identity: one ``start`` segment."""
+    return Identity(run_id=run_id, lineage=[lineage.segment(lineage.START, run_id, 0, None)])
+
+
+def resume_from(
+    state: TrainState,
+    loaded: resume.Loaded,
+    *,
+    run_id: str,
+    provenance: dict[str, Any],
+    config: dict[str, Any],
+    strict: bool,
+    root: Path,
+) -> Identity:
+    """Continue the run of ``loaded``: check drift, load every piece of state.
+
+    Raises:
+        DriftError: ``strict`` and code, dependencies, data or config changed.
+        IncompatibleStateError: the checkpoint does not fit ``state``.
+    """
+    rec = loaded.manifest.recovery
+    raw = loaded.files.get(CONFIG_FILE)
+    old_config = _yaml(raw if isinstance(raw, bytes) else None)
+    drift = prov.drift(
+        rec.get("provenance", {}), provenance, old_config=old_config, new_config=config
+    )
+    for line in drift:
+        log.warning("DRIFT since %s: %s", loaded.path.name, line)
+    if drift and strict:
+        raise DriftError(
+            f"{loaded.path}: refusing to resume (checkpoint.strict_resume=true); "
+            f"{len(drift)} differences:\n  "
+            + "\n  ".join(drift)
+            + "\nRestore the original code, dependencies, data and config, "
+            "or resume without strict mode.",
+            differences=drift,
+            path=loaded.path,
+        )
+    state.load_state_dict(loaded.decoded.tree, source=str(loaded.path))
+    step = loaded.decoded.step
+    rid = str(rec.get("run_id") or run_id)
+    source = lineage.link(loaded.manifest, loaded.path, root)
+    log.info("resumed from %s at step %d", loaded.path, step)
+    return Identity(
+        run_id=rid,
+        lineage=[
+            *rec.get("lineage", []),
+            lineage.segment(lineage.RESUME, rid, step, source, drift=drift),
+        ],
+        step=step,
+        previous=source,
+        parent={"kind": lineage.RESUME, **source},
+        drift=drift,
+        resumed_from=loaded.path,
+    )
+
+
+def warm_start_from(
+    state: TrainState,
+    path: Path,
+    *,
+    run_id: str,
+    trust: TrustStore,
+    allow_untrusted: bool,
+    root: Path,
+) -> Identity:
+    """A new run whose model weights come from the artifact at ``path``.
+
+    Raises:
+        VerificationError, FormatError: the artifact is damaged or untrusted.
+        PurposeError: it is not a continuation or warm-start artifact, or holds no model.
+        IncompatibleStateError: its weights do not fit the model.
+    """
+    loaded = resume.load(path, trust, allow_untrusted=allow_untrusted)
+    purpose.check_use(
+        purpose.INIT, loaded.manifest.purpose, where=str(path), present=loaded.components
+    )
+    if MODEL not in loaded.decoded.tree:
+        raise PurposeError(f"{path}: holds no model weights to start from", missing=[MODEL])
+    state.load_state_dict(loaded.decoded.tree, source=str(path), only=[MODEL])
+    source = lineage.link(loaded.manifest, path, root)
+    log.info("warm start: new run %s initialised from %s", run_id, path)
+    return Identity(
+        run_id=run_id,
+        lineage=[
+            *loaded.manifest.recovery.get("lineage", []),
+            lineage.segment(lineage.WARM_START, run_id, 0, source),
+        ],
+        parent={"kind": lineage.WARM_START, **source},
+    )
+
+
+def _yaml(data: bytes | None) -> dict[str, Any] | None:
+    if data is None:
+        return None
+    doc = yaml.safe_load(data)
+    return doc if isinstance(doc, dict) else None
