@@ -5,9 +5,13 @@
 State: a transformer-shaped fp32 model plus Adam's two moments (about 1 GiB at
 the default size, ~300 tensors). Every method saves the same tensors into the
 same directory, followed by fsync where the method leaves that to the caller;
-files are deleted between runs. Reported: the median of ``--runs`` runs in
-seconds, and each method's ratio to its floor (raw write + fsync for saves,
-the preallocated-buffer memcpy for the async pause, torch.load for loads).
+files are deleted between runs. Each load runs in a fresh child process, as a
+resume does (in one long-lived process, the allocator hands later loads warm
+memory that a resuming process never has), timed around the load call alone,
+with the file in the page cache for every method alike. Reported: the median
+of ``--runs`` runs in seconds, and each method's ratio to its floor (raw write
++ fsync for saves, the preallocated-buffer memcpy for the async pause,
+torch.load for loads).
 
 Extra peak memory of an async save is measured in a child process (its own
 peak RSS, reset just before the save), as a multiple of the state size.
@@ -24,6 +28,7 @@ import statistics
 import subprocess
 import sys
 import tempfile
+import threading
 import time
 from collections.abc import Callable
 from pathlib import Path
@@ -33,39 +38,51 @@ import safetensors.torch
 import torch
 import torch.distributed.checkpoint as dcp
 
-from recovery import commit, resume, snapshot, tensorfile
+from recovery import commit, resume, snapshot
 from recovery.signing import Signer, TrustStore, generate_keypair
 from recovery.staging import Staging
 
 
-def make_state(size_gb: float) -> dict[str, Any]:
-    """A model state_dict and an Adam state_dict, ~``size_gb`` GiB together (3 x params)."""
+def make_state(size_gb: float, *, fill: bool = True) -> dict[str, Any]:
+    """A model state_dict and an Adam state_dict, ~``size_gb`` GiB together (3 x params).
+
+    With ``fill=False`` the tensors are left uninitialised (a load target).
+    """
     d = 1024
     per_layer = 3 * d * d + 3 * d + d * d + d + 4 * d * d + 4 * d + 4 * d * d + d + 4 * d
     layers = max(1, round(size_gb * (1 << 30) / 4 / 3 / per_layer))
     g = torch.Generator().manual_seed(0)
-    model: dict[str, torch.Tensor] = {"embed.weight": torch.randn(2048, d, generator=g)}
+
+    def randn(*shape: int) -> torch.Tensor:
+        return torch.randn(*shape, generator=g) if fill else torch.empty(*shape)
+
+    def like(t: torch.Tensor) -> torch.Tensor:
+        return torch.randn_like(t) if fill else torch.empty_like(t)
+
+    model: dict[str, torch.Tensor] = {"embed.weight": randn(2048, d)}
     for i in range(layers):
         p = f"layers.{i}."
         model |= {
-            p + "attn.qkv.weight": torch.randn(3 * d, d, generator=g),
-            p + "attn.qkv.bias": torch.randn(3 * d, generator=g),
-            p + "attn.out.weight": torch.randn(d, d, generator=g),
-            p + "attn.out.bias": torch.randn(d, generator=g),
-            p + "mlp.fc1.weight": torch.randn(4 * d, d, generator=g),
-            p + "mlp.fc1.bias": torch.randn(4 * d, generator=g),
-            p + "mlp.fc2.weight": torch.randn(d, 4 * d, generator=g),
-            p + "mlp.fc2.bias": torch.randn(d, generator=g),
+            p + "attn.qkv.weight": randn(3 * d, d),
+            p + "attn.qkv.bias": randn(3 * d),
+            p + "attn.out.weight": randn(d, d),
+            p + "attn.out.bias": randn(d),
+            p + "mlp.fc1.weight": randn(4 * d, d),
+            p + "mlp.fc1.bias": randn(4 * d),
+            p + "mlp.fc2.weight": randn(d, 4 * d),
+            p + "mlp.fc2.bias": randn(d),
             p + "ln1.weight": torch.ones(d),
             p + "ln1.bias": torch.zeros(d),
             p + "ln2.weight": torch.ones(d),
             p + "ln2.bias": torch.zeros(d),
         }
     state = {
-        i: {"step": torch.tensor(100.0), "exp_avg": torch.randn_like(t), "exp_avg_sq": torch.rand_like(t)}
+        i: {"step": torch.tensor(100.0), "exp_avg": like(t), "exp_avg_sq": like(t).abs_()}
         for i, t in enumerate(model.values())
     }
-    groups = [{"lr": 1e-3, "betas": (0.9, 0.999), "eps": 1e-8, "weight_decay": 0.0, "params": list(state)}]
+    groups = [
+        {"lr": 1e-3, "betas": (0.9, 0.999), "eps": 1e-8, "weight_decay": 0.0, "params": list(state)}
+    ]
     return {"model": model, "optimizer": {"state": state, "param_groups": groups}}
 
 
@@ -96,38 +113,46 @@ def timed(fn: Callable[[], Any]) -> float:
 
 
 def peak_rss_child(size_gb: float, workdir: Path) -> float:
-    """Extra peak RSS of an async save (stage + background commit), in state sizes."""
-    code = f"""
-import sys, threading, time, json
-sys.path.insert(0, {str(Path(__file__).resolve().parent)!r})
-import bench_checkpoint as b
-from pathlib import Path
-from recovery import commit, snapshot
-from recovery.staging import Staging
-from recovery.signing import Signer
-tree = b.make_state({size_gb})
-size = b.nbytes(b.flat(tree))
-signer = Signer(Path({str(workdir / 'key' / 'recovery.key')!r}))
-staging = Staging()
-staging.stage(tree)  # buffers allocated once, as in training
-def rss(field):
-    for line in open('/proc/self/status'):
+    """Extra peak RSS of an async save (stage + background commit), in state sizes,
+    measured in a fresh child process."""
+    cmd = [
+        sys.executable,
+        __file__,
+        "--peak-child",
+        "--dir",
+        str(workdir),
+        "--size-gb",
+        str(size_gb),
+    ]
+    out = subprocess.run(cmd, capture_output=True, text=True, check=True)
+    return float(out.stdout.strip().splitlines()[-1])
+
+
+def _rss(field: str) -> int:
+    for line in Path("/proc/self/status").read_text().splitlines():
         if line.startswith(field):
             return int(line.split()[1]) * 1024
-base = rss('VmRSS:')
-open('/proc/self/clear_refs', 'w').write('5')  # reset the peak to now
-staged = staging.stage(tree)
-files = snapshot.encode_split(staged.skeletons, staged.tensors, step=1, meta={{}})
-final = Path({str(workdir)!r}) / 'mem' / 'step-00000001'
-final.parent.mkdir(parents=True, exist_ok=True)
-t = threading.Thread(target=commit.commit, args=(final, files, {{'step': 1}}), kwargs={{'signer': signer}})
-t.start(); t.join()
-print(json.dumps({{'extra': (rss('VmHWM:') - base) / size, 'buffers': staging.allocated_bytes / size}}))
-"""
-    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True)
-    result = json.loads(out.stdout.strip().splitlines()[-1])
-    # the buffers exist before the save (allocated once per run); count them as the extra memory
-    return float(result["extra"] + result["buffers"])
+    raise RuntimeError(f"{field} not in /proc/self/status")
+
+
+def child_peak(work: Path, size_gb: float) -> float:
+    tree = make_state(size_gb)
+    size = nbytes(flat(tree))
+    signer = Signer(work / "key" / "recovery.key")
+    base = _rss("VmRSS:")
+    Path("/proc/self/clear_refs").write_text("5")  # reset the peak (VmHWM) to now
+    staging = Staging()
+    staged = staging.stage(tree)  # the buffers: allocated at a run's first save, then reused
+    files = snapshot.encode_split(staged.skeletons, staged.tensors, step=1, meta={})
+    final = work / "mem" / "step-00000001"
+    final.parent.mkdir(parents=True, exist_ok=True)
+    thread = threading.Thread(
+        target=commit.commit, args=(final, files, {"step": 1}), kwargs={"signer": signer}
+    )
+    thread.start()
+    thread.join()
+    shutil.rmtree(final.parent, ignore_errors=True)
+    return (_rss("VmHWM:") - base) / size
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -136,7 +161,15 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--runs", type=int, default=5)
     ap.add_argument("--dir", default=None, help="where files are written (default: a temp dir)")
     ap.add_argument("--json", default=None, help="also write the results here")
+    ap.add_argument("--load-child", default=None, help=argparse.SUPPRESS)
+    ap.add_argument("--peak-child", action="store_true", help=argparse.SUPPRESS)
     args = ap.parse_args(argv)
+    if args.peak_child:
+        print(child_peak(Path(args.dir), args.size_gb))
+        return 0
+    if args.load_child:
+        print(child_load(args.load_child, Path(args.dir), args.size_gb))
+        return 0
 
     work = Path(args.dir or tempfile.mkdtemp(prefix="recovery-bench-"))
     work.mkdir(parents=True, exist_ok=True)
@@ -148,7 +181,10 @@ def main(argv: list[str] | None = None) -> int:
     tree = make_state(args.size_gb)
     tensors = flat(tree)
     size = nbytes(tensors)
-    print(f"state: {len(tensors)} tensors, {size / 2**30:.3f} GiB; {args.runs} runs; dir {work}", flush=True)
+    print(
+        f"state: {len(tensors)} tensors, {size / 2**30:.3f} GiB; {args.runs} runs; dir {work}",
+        flush=True,
+    )
 
     staging = Staging()
     staging.stage(tree)  # allocate once, as a run does at its first save
@@ -182,7 +218,11 @@ def main(argv: list[str] | None = None) -> int:
 
     def dcp_save() -> None:
         path = fresh() / "dcp"
-        dcp.save({"model": tree["model"], "optimizer": tensors_only(tree)}, checkpoint_id=str(path), no_dist=True)
+        dcp.save(
+            {"model": tree["model"], "optimizer": tensors_only(tree)},
+            checkpoint_id=str(path),
+            no_dist=True,
+        )
         fsync_tree(path)
 
     def ours_sync() -> None:
@@ -206,25 +246,29 @@ def main(argv: list[str] | None = None) -> int:
         "memcpy floor": memcpy,
         "ours async pause": ours_pause,
     }
-    loads: dict[str, tuple[Callable[[], None], Callable[[], Any]]] = {
-        "torch.load": (torch_save, lambda: torch.load(target / "ckpt.pt", weights_only=True)),
-        "safetensors load": (st_save, lambda: safetensors.torch.load_file(str(target / "ckpt.safetensors"))),
-        "DCP load": (dcp_save, lambda: dcp_load(target / "dcp", tree)),
-        "ours load+verify": (ours_sync, lambda: resume.load(target / "step-00000001", trust)),
+    loads: dict[str, tuple[Callable[[], None], str]] = {
+        "torch.load": (torch_save, "torch"),
+        "safetensors load": (st_save, "safetensors"),
+        "DCP load": (dcp_save, "dcp"),
+        "ours load+verify": (ours_sync, "ours"),
     }
     times: dict[str, list[float]] = {k: [] for k in [*saves, *loads]}
     for run in range(args.runs):
         for name, fn in saves.items():
             times[name].append(timed(fn))
-        for name, (prepare, load) in loads.items():
+        for name, (prepare, kind) in loads.items():
             prepare()
-            times[name].append(timed(load))
+            times[name].append(load_in_child(kind, work, args.size_gb))
         print(f"run {run + 1}/{args.runs} done", flush=True)
     shutil.rmtree(target, ignore_errors=True)
     med = {k: statistics.median(v) for k, v in times.items()}
     mem = peak_rss_child(args.size_gb, work)
 
-    floors = {"save": med["raw write+fsync"], "pause": med["memcpy floor"], "load": med["torch.load"]}
+    floors = {
+        "save": med["raw write+fsync"],
+        "pause": med["memcpy floor"],
+        "load": med["torch.load"],
+    }
     rows = []
     for name in saves:
         floor = "pause" if name in ("memcpy floor", "ours async pause") else "save"
@@ -237,7 +281,11 @@ def main(argv: list[str] | None = None) -> int:
         print(f"{name:<20} {sec:>9.3f} {ratio:>7.2f}  {vs}")
     print(f"{'async extra peak':<20} {mem:>9.2f} x state size")
     result = {
-        "machine": {"cpus": os.cpu_count(), "platform": platform.platform(), "torch": torch.__version__},
+        "machine": {
+            "cpus": os.cpu_count(),
+            "platform": platform.platform(),
+            "torch": torch.__version__,
+        },
         "state_bytes": size,
         "tensors": len(tensors),
         "runs": args.runs,
@@ -253,18 +301,41 @@ def main(argv: list[str] | None = None) -> int:
     return 0
 
 
+def load_in_child(kind: str, work: Path, size_gb: float) -> float:
+    """Seconds one load takes in a fresh process (the load call alone is timed)."""
+    cmd = [
+        sys.executable,
+        __file__,
+        "--load-child",
+        kind,
+        "--dir",
+        str(work),
+        "--size-gb",
+        str(size_gb),
+    ]
+    out = subprocess.run(cmd, capture_output=True, text=True, check=True)
+    return float(out.stdout.strip().splitlines()[-1])
+
+
+def child_load(kind: str, work: Path, size_gb: float) -> float:
+    target = work / "out"
+    if kind == "torch":
+        return timed(lambda: torch.load(target / "ckpt.pt", weights_only=True))
+    if kind == "safetensors":
+        return timed(lambda: safetensors.torch.load_file(str(target / "ckpt.safetensors")))
+    if kind == "dcp":
+        into = make_state(size_gb, fill=False)  # DCP loads in place into preallocated tensors
+        state = {"model": into["model"], "optimizer": tensors_only(into)}
+        return timed(lambda: dcp.load(state, checkpoint_id=str(target / "dcp"), no_dist=True))
+    signer = Signer(work / "key" / "recovery.key")
+    trust = TrustStore()
+    trust.add_pem(signer.public_pem, source="bench")
+    return timed(lambda: resume.load(target / "step-00000001", trust))
+
+
 def tensors_only(tree: dict[str, Any]) -> dict[str, Any]:
     """The optimizer state as DCP stores it (nested dicts of tensors; groups as plain values)."""
     return {str(i): s for i, s in tree["optimizer"]["state"].items()}
-
-
-def dcp_load(path: Path, tree: dict[str, Any]) -> None:
-    # DCP loads in place into preallocated tensors of the right shapes
-    target = {
-        "model": {k: torch.empty_like(v) for k, v in tree["model"].items()},
-        "optimizer": {i: {k: torch.empty_like(v) for k, v in s.items()} for i, s in tensors_only(tree).items()},
-    }
-    dcp.load(target, checkpoint_id=str(path), no_dist=True)
 
 
 if __name__ == "__main__":

@@ -22,7 +22,7 @@ from __future__ import annotations
 import logging
 import os
 import shutil
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 from pathlib import Path
 from typing import Any
 
@@ -32,6 +32,7 @@ from recovery import faults, manifest, tensorfile
 from recovery.errors import CommitError
 from recovery.layout import SIGNATURE_FILE, aside_dir_for, scan, temp_dir_for
 from recovery.manifest import FileRecord, Manifest
+from recovery.progress import bytes_bar
 from recovery.signing import Signer
 
 log = logging.getLogger(__name__)
@@ -56,12 +57,18 @@ def write_file(path: Path, data: bytes, *, fault_point: str | None = None) -> Fi
 
 
 def write_entry(
-    path: Path, content: bytes | Mapping[str, torch.Tensor], *, fault_point: str | None = None
+    path: Path,
+    content: bytes | Mapping[str, torch.Tensor],
+    *,
+    fault_point: str | None = None,
+    progress: Callable[[int], None] | None = None,
 ) -> FileRecord:
     """Write one file: raw bytes, or a tensor mapping streamed as safetensors."""
     if isinstance(content, bytes | bytearray | memoryview):
         return write_file(path, bytes(content), fault_point=fault_point)
-    return tensorfile.write_stream(path, tensorfile.chunks(content), fault_point=fault_point)
+    return tensorfile.write_stream(
+        path, tensorfile.chunks(content), fault_point=fault_point, progress=progress
+    )
 
 
 def commit(
@@ -92,9 +99,11 @@ def commit(
     try:
         tmp.mkdir()
         records = []
-        for i, (name, data) in enumerate(files.items()):
-            point = f"commit-write-{step}" if i == 0 else None
-            records.append(write_entry(tmp / name, data, fault_point=point))
+        total = sum(tensorfile.size_of(d) for d in files.values() if not isinstance(d, bytes))
+        with bytes_bar(total, f"saving {final.name}") as progress:
+            for i, (name, data) in enumerate(files.items()):
+                point = f"commit-write-{step}" if i == 0 else None
+                records.append(write_entry(tmp / name, data, fault_point=point, progress=progress))
         faults.reach(f"commit-before-manifest-{step}")
         statement = manifest.build(final.name, records, {**recovery, "signer": signer.describe()})
         body = manifest.payload(statement)

@@ -18,6 +18,7 @@ from __future__ import annotations
 import hashlib
 import os
 import stat
+from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -34,7 +35,8 @@ from recovery.errors import (
     UnsafePathError,
 )
 from recovery.layout import SIGNATURE_FILE, TENSOR_SUFFIX, is_uncommitted, parse_step
-from recovery.manifest import Manifest
+from recovery.manifest import FileRecord, Manifest
+from recovery.progress import bytes_bar
 from recovery.signing import TrustStore
 
 
@@ -167,25 +169,36 @@ def read_verified(
             path=path / extra[0],
         )
     blobs: dict[str, bytes | torch.Tensor] = {}
-    for rec in mf.files:
-        found = os.lstat(path / rec.name).st_size
-        if rec.size >= 0 and found != rec.size:
-            raise TruncatedFileError(
-                f"{path / rec.name}: expected {rec.size} bytes, found {found}; the file was "
-                "truncated or rewritten. Resume from another checkpoint.",
-                path=path / rec.name,
-            )
-        data: bytes | torch.Tensor
-        if rec.name.endswith(TENSOR_SUFFIX):
-            data, digest = tensorfile.read_hashed(path / rec.name, size=found)
-        else:
-            data = _read_nofollow(path / rec.name)
-            digest = hashlib.sha256(data).hexdigest()
-        if digest != rec.sha256:
-            raise DigestMismatchError(
-                f"{path / rec.name}: expected sha256 {rec.sha256}, found {digest}; "
-                "the bytes changed after the commit. Resume from another checkpoint.",
-                path=path / rec.name,
-            )
-        blobs[rec.name] = data
+    with bytes_bar(sum(max(r.size, 0) for r in mf.files), f"verifying {path.name}") as progress:
+        for rec in mf.files:
+            blobs[rec.name] = _read_one(path, rec, progress)
     return Verified(path=path, manifest=mf, files=blobs)
+
+
+def _read_one(path: Path, rec: FileRecord, progress: Callable[[int], None]) -> bytes | torch.Tensor:
+    """One listed file's verified content.
+
+    Raises:
+        TruncatedFileError, DigestMismatchError.
+    """
+    file = path / rec.name
+    found = os.lstat(file).st_size
+    if rec.size >= 0 and found != rec.size:
+        raise TruncatedFileError(
+            f"{file}: expected {rec.size} bytes, found {found}; the file was "
+            "truncated or rewritten. Resume from another checkpoint.",
+            path=file,
+        )
+    data: bytes | torch.Tensor
+    if rec.name.endswith(TENSOR_SUFFIX):
+        data, digest = tensorfile.read_hashed(file, size=found, progress=progress)
+    else:
+        data = _read_nofollow(file)
+        digest = hashlib.sha256(data).hexdigest()
+    if digest != rec.sha256:
+        raise DigestMismatchError(
+            f"{file}: expected sha256 {rec.sha256}, found {digest}; "
+            "the bytes changed after the commit. Resume from another checkpoint.",
+            path=file,
+        )
+    return data

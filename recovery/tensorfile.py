@@ -28,7 +28,7 @@ import json
 import os
 import queue
 import threading
-from collections.abc import Iterable, Iterator, Mapping
+from collections.abc import Callable, Iterable, Iterator, Mapping
 from pathlib import Path
 from typing import Any
 
@@ -184,7 +184,9 @@ def views(buffer: torch.Tensor, *, name: str) -> dict[str, torch.Tensor]:
     return dict(sorted(out.items()))
 
 
-def read_hashed(path: Path, *, size: int) -> tuple[torch.Tensor, str]:
+def read_hashed(
+    path: Path, *, size: int, progress: Callable[[int], None] | None = None
+) -> tuple[torch.Tensor, str]:
     """Read a whole file into one new uint8 tensor, hashing it while it arrives.
 
     Args:
@@ -216,6 +218,8 @@ def read_hashed(path: Path, *, size: int) -> tuple[torch.Tensor, str]:
                     break
                 todo.put(mem[got : got + n])
                 got += n
+                if progress is not None:
+                    progress(n)
     finally:
         todo.put(None)
         thread.join()
@@ -225,7 +229,11 @@ def read_hashed(path: Path, *, size: int) -> tuple[torch.Tensor, str]:
 
 
 def write_stream(
-    path: Path, parts: Iterable[memoryview | bytes], *, fault_point: str | None = None
+    path: Path,
+    parts: Iterable[memoryview | bytes],
+    *,
+    fault_point: str | None = None,
+    progress: Callable[[int], None] | None = None,
 ) -> FileRecord:
     """Create ``path`` from ``parts``, hashing in a helper thread while writing; fsync it.
 
@@ -233,6 +241,7 @@ def write_stream(
         path: the new file (must not exist).
         parts: the file's bytes in order; each part must stay unchanged until written.
         fault_point: a :mod:`recovery.faults` point reached after the first half of the parts.
+        progress: called with the number of bytes after each part.
     """
     h = hashlib.sha256()
     # Unbounded: the parts are views of memory that exists anyway, so queueing costs
@@ -258,6 +267,8 @@ def write_stream(
                     n = fh.write(view)
                     view = view[n:]
                 written += len(part)
+                if progress is not None:
+                    progress(len(part))
                 if fault_point and i == len(items) // 2:
                     faults.reach(fault_point)
             os.fsync(fh.fileno())

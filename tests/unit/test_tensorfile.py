@@ -119,3 +119,20 @@ def _file(head: dict, data: bytes) -> bytes:
 def test_malformed_files_are_refused(data, match):
     with pytest.raises(FormatError, match=match):
         tensorfile.views(_blob(data), name="model.safetensors")
+
+
+def test_progress_bar_only_on_a_terminal(monkeypatch, capsys):
+    from recovery import progress
+
+    seen = []
+    with progress.bytes_bar(1 << 40, "saving x") as update:  # pytest's stderr is no terminal
+        update(5)
+    assert capsys.readouterr().err == ""
+    monkeypatch.setattr(progress.sys.stderr, "isatty", lambda: True, raising=False)
+    with progress.bytes_bar(progress.MIN_BYTES, "saving step-00000001") as update:
+        seen.append(update)
+        update(progress.MIN_BYTES)
+    assert "saving step-00000001" in capsys.readouterr().err
+    with progress.bytes_bar(progress.MIN_BYTES - 1, "small") as update:
+        update(1)
+    assert capsys.readouterr().err == ""
