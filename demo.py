@@ -124,9 +124,8 @@ def main() -> int:
     saves = [r for r in events if r.get("event") == "checkpoint"]
     auto = resume.load(ROOT / "auto" / step_dir_name(STEPS), keys).decoded
     same_auto = parameters_digest(auto.tree["model"]) == pa
-    print(
-        f"checkpoints written:     {len(saves)} (interval {summary['interval'].get('seconds')} s)"
-    )
+    interval = summary["interval"].get("seconds") or 0.0
+    print(f"checkpoints written:     {len(saves)} (auto interval {interval:.1f} s)")
     pause_ms = sorted(r["pause_s"] for r in saves)[len(saves) // 2] * 1e3
     print(f"training pause, median:  {pause_ms:.2f} ms")
     print(f"checkpoint overhead:     {summary['checkpoint_fraction'] * 100:.2f}% of run time")
