@@ -21,7 +21,7 @@ from typing import Any
 import torch
 import yaml
 
-from recovery import codec, commit, lineage, policy, purpose, resume, snapshot
+from recovery import codec, commit, lineage, policy, purpose, resume, snapshot, tracking
 from recovery import provenance as prov
 from recovery import restore as begin
 from recovery.cadence import Cadence, process_age_s
@@ -100,6 +100,10 @@ class Checkpointer:
         self.preemption = preemption
         self.cadence = Cadence(cfg, final_step=final_step)
         self._writer = BackgroundWriter() if cfg.async_save else None
+        repo = tracking.find_repo(run_dir) if cfg.dvc.enabled else None
+        self.publisher = (
+            tracking.Publisher(repo, push=cfg.dvc.push, remote=cfg.dvc.remote) if repo else None
+        )
         self._staging = Staging()
         self._first_step = True
         self._created = time.perf_counter()
@@ -344,6 +348,8 @@ class Checkpointer:
                 self.previous = lineage.link(mf, final, self.root)
                 self._retain(step)
                 self._record(step, pause if pause is not None else write_s, waited, write_s, mf)
+            if self.publisher is not None:
+                self.publisher.submit(final)
             log.info("%s %s committed (%.3fs)", purpose_name, final, write_s)
             return final
 
@@ -399,7 +405,10 @@ class Checkpointer:
         )
         for step in doomed:
             log.info("retention: removing %s", paths[step])
-            shutil.rmtree(paths[step], ignore_errors=True)
+            if self.publisher is None:
+                shutil.rmtree(paths[step], ignore_errors=True)
+            else:
+                self.publisher.retire(paths[step])  # in order with its registration
 
     def _event(self, record: dict[str, Any]) -> None:
         if self.journal is not None:
@@ -416,6 +425,8 @@ class Checkpointer:
                 self._writer.close()
                 self.pause_s += self._writer.waited_s
         finally:
+            if self.publisher is not None:
+                self.publisher.close(policy.parse_duration(self.cfg.dvc.close_timeout))
             run_s = time.perf_counter() - self._created
             self._event(
                 {

@@ -17,7 +17,7 @@ from typing import Any
 
 import torch
 
-from recovery import audit, errors, policy, resume, signing
+from recovery import audit, errors, policy, resume, signing, tracking
 from recovery.config import SigningConfig
 from recovery.layout import scan
 from recovery.signing import PUBLIC_KEY_FILE, TrustStore
@@ -38,6 +38,7 @@ EXIT_CODES: list[tuple[type[BaseException], int, str]] = [
     (errors.PurposeError, 18, "artifact's purpose cannot serve the requested use"),
     (errors.DriftError, 19, "strict resume refused: code, dependencies, data or config changed"),
     (errors.SigningKeyError, 20, "signing key unreadable or unsupported"),
+    (errors.TrackingError, 21, "DVC could not register, push or fetch a checkpoint"),
     (
         errors.Preempted,
         75,
@@ -187,9 +188,27 @@ def cmd_ls(args: argparse.Namespace) -> int:
         raise errors.CheckpointNotFoundError(f"{run_dir}: no such run directory", path=run_dir)
     listing = scan(run_dir)
     trust = _trust(args)
+    dvc_state = tracking.status(run_dir)
+    in_repo = tracking.find_repo(run_dir) is not None
     rows: list[dict[str, Any]] = []
     for step, path in listing.committed:
-        row: dict[str, Any] = {"step": step, "path": str(path), "purpose": None, "size": 0}
+        st = dvc_state.get(path.name, tracking.Status())
+        dvc = (
+            "pushed"
+            if st.pushed
+            else "registered"
+            if st.registered
+            else "pending"
+            if in_repo
+            else "-"
+        )
+        row: dict[str, Any] = {
+            "step": step,
+            "path": str(path),
+            "purpose": None,
+            "size": 0,
+            "dvc": dvc,
+        }
         try:
             loaded = resume.load(path, trust, allow_untrusted=args.allow_untrusted)
             row.update(
@@ -205,16 +224,78 @@ def cmd_ls(args: argparse.Namespace) -> int:
         rows.append(row)
     for path in listing.stale:
         rows.append({"step": None, "path": str(path), "verified": False, "status": "partial"})
-    lines = [f"{'step':>10}  {'purpose':<13} {'size':>10}  {'verified':<8}  {'signer':<32}  status"]
+    on_disk = {step for step, _ in listing.committed}
+    for step, path in sorted(tracking.tracked_steps(run_dir).items()):
+        if step not in on_disk:
+            rows.append(
+                {
+                    "step": step,
+                    "path": str(path),
+                    "verified": False,
+                    "status": "remote-only",
+                    "dvc": "registered",
+                }
+            )
+    lines = [
+        f"{'step':>10}  {'purpose':<13} {'size':>10}  {'verified':<8}  {'signer':<32}  "
+        f"{'dvc':<10}  status"
+    ]
     for r in rows:
         step_txt = str(r["step"]) if r["step"] is not None else "-"
         signer = signer_text(r.get("signer")) if r.get("signer") else "-"
         lines.append(
             f"{step_txt:>10}  {r.get('purpose') or '-':<13} {r.get('size', 0):>10}  "
-            f"{'yes' if r['verified'] else 'NO':<8}  {signer:<32}  "
+            f"{'yes' if r['verified'] else 'NO':<8}  {signer:<32}  {r.get('dvc', '-'):<10}  "
             f"{r['status']}  {Path(r['path']).name}"
         )
     _emit(args, {"run_dir": str(run_dir), "checkpoints": rows}, "\n".join(lines))
+    return 0
+
+
+def cmd_sync(args: argparse.Namespace) -> int:
+    run_dir = Path(args.run_dir)
+    root = tracking.find_repo(run_dir)
+    if root is None or not run_dir.is_dir():
+        raise errors.TrackingError(
+            f"{run_dir}: not a run directory inside a DVC repository (run `dvc init` at the "
+            "project root)",
+            path=run_dir,
+        )
+    state = tracking.status(run_dir)
+    todo = [
+        path
+        for _, path in scan(run_dir).committed
+        if not state.get(path.name, tracking.Status()).registered
+        or (args.push and not state.get(path.name, tracking.Status()).pushed)
+    ]
+    publisher = tracking.Publisher(root, push=args.push, remote=args.remote)
+    for path in todo:
+        publisher.submit(path)
+    done = publisher.close(policy.parse_duration(args.timeout))
+    after = tracking.status(run_dir)
+    left = [
+        p.name
+        for p in todo
+        if not after.get(p.name, tracking.Status()).registered
+        or (args.push and not after.get(p.name, tracking.Status()).pushed)
+    ]
+    data = {
+        "run_dir": str(run_dir),
+        "synced": [p.name for p in todo if p.name not in left],
+        "pending": left,
+    }
+    _emit(
+        args,
+        data,
+        f"synced {len(data['synced'])}, still pending {len(left)}"
+        + (f": {', '.join(left)}" if left else ""),
+    )
+    if left or not done:
+        raise errors.TrackingError(
+            f"{run_dir}: {len(left)} checkpoint(s) still pending ({', '.join(left)}); "
+            "is the DVC repository locked or the remote unreachable?",
+            path=run_dir,
+        )
     return 0
 
 
@@ -384,6 +465,12 @@ def build_parser() -> argparse.ArgumentParser:
         help="comma-separated intervals to compare (the optimum is always added)",
     )
     p.set_defaults(func=cmd_plan)
+    p = sub.add_parser("sync", help="register (and push) every checkpoint DVC has not got yet")
+    p.add_argument("run_dir")
+    p.add_argument("--push", action="store_true", help="also push to the remote")
+    p.add_argument("--remote", default=None, help="DVC remote name (default: the default remote)")
+    p.add_argument("--timeout", default="10m", help="give up after this long (e.g. 90s, 10m)")
+    p.set_defaults(func=cmd_sync)
     p = sub.add_parser("keygen", help="create an ECDSA P-256 signing key pair")
     p.add_argument("--out", required=True, help="directory for recovery.key and recovery.pub")
     p.add_argument("--force", action="store_true", help="replace an existing key pair")

@@ -24,6 +24,26 @@ _RUN_NAME = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._-]*$")
 
 
 @dataclass(kw_only=True)
+class DvcConfig:
+    """DVC tracking of committed checkpoints."""
+
+    enabled: bool = True
+    """Register each committed checkpoint with DVC when the checkpoint root is in a DVC repo."""
+    push: bool = False
+    """Also push each registered checkpoint to the remote."""
+    remote: str | None = None
+    """Remote name; unset: the repository's default remote."""
+    close_timeout: str = "120s"
+    """How long the end of a run waits for pending registrations and pushes."""
+
+    def __post_init__(self) -> None:
+        try:
+            parse_duration(self.close_timeout)
+        except ValueError as err:
+            raise ConfigError(f"checkpoint.dvc.close_timeout: {err}") from None
+
+
+@dataclass(kw_only=True)
 class CheckpointConfig:
     """Where and when checkpoints are written, and which are kept."""
 
@@ -51,6 +71,8 @@ class CheckpointConfig:
     """Mean time between failures for ``interval=auto`` (``90m``, ``24h``, ``2d``)."""
     preempt_signals: list[str] = field(default_factory=lambda: ["SIGTERM", "SIGUSR1"])
     """Signals that mean "checkpoint at the next step boundary and exit 75"."""
+    dvc: DvcConfig = field(default_factory=DvcConfig)
+    """DVC tracking of committed checkpoints."""
 
     ALIASES: ClassVar[dict[str, str]] = {"async": "async_save"}
 

@@ -26,6 +26,7 @@ and what to do. Only ``recovery.cli`` maps these classes to exit codes.
     ├── DriftError(ValueError)                  strict resume refused: code/deps/data/config changed
     ├── SigningKeyError(ValueError)             a signing key cannot be read or is unsupported
     ├── Preempted                               a preemption signal: checkpointed, requeue me
+    ├── TrackingError(OSError)                  DVC could not register, push or fetch
     └── IncompatibleStateError(ValueError)      checkpoint does not fit this run
 """
 
@@ -155,6 +156,10 @@ class Preempted(RecoveryError):
         super().__init__(message, path=path)
         self.step = step
         self.signal_name = signal_name
+
+
+class TrackingError(RecoveryError, OSError):
+    """DVC could not register, push or fetch a checkpoint; the checkpoint itself is intact."""
 
 
 class FormatError(RecoveryError, ValueError):

@@ -20,12 +20,13 @@ from pathlib import Path
 
 import torch
 
-from recovery import purpose, reader, snapshot
+from recovery import purpose, reader, snapshot, tracking
 from recovery.errors import (
     CheckpointNotFoundError,
     ConfigError,
     FormatError,
     PurposeError,
+    TrackingError,
     VerificationError,
 )
 from recovery.layout import scan, step_dir_name
@@ -113,6 +114,8 @@ def select(
         return _latest(run_dir, trust, allow_untrusted)
     if isinstance(want, int):
         path = run_dir / step_dir_name(want)
+        if not path.is_dir() and tracking.dvc_file(path).exists():
+            tracking.materialize(path)
         if not path.is_dir():
             have = [s for s, _ in scan(run_dir).committed]
             raise CheckpointNotFoundError(
@@ -129,15 +132,26 @@ def select(
     return loaded
 
 
+def candidates(run_dir: Path) -> list[tuple[int, Path]]:
+    """Committed checkpoints on disk and those only tracked by DVC (step-N.dvc), oldest first."""
+    found = dict(scan(run_dir).committed)
+    for step, path in tracking.tracked_steps(run_dir).items():
+        found.setdefault(step, path)
+    return sorted(found.items())
+
+
 def _latest(run_dir: Path, trust: TrustStore, allow_untrusted: bool) -> Loaded | None:
     skipped: list[tuple[Path, str]] = []
-    for _step, path in reversed(scan(run_dir).committed):
+    for _step, path in reversed(candidates(run_dir)):
         try:
+            if not path.exists():
+                log.info("%s is not on disk; fetching it from DVC", path)
+                tracking.materialize(path)
             loaded = load(path, trust, allow_untrusted=allow_untrusted)
             purpose.check_use(
                 purpose.RESUME, loaded.manifest.purpose, where=str(path), present=loaded.components
             )
-        except (VerificationError, FormatError, PurposeError) as err:
+        except (VerificationError, FormatError, PurposeError, TrackingError) as err:
             log.warning("RESUME FALLBACK: skipping %s, it failed verification: %s", path, err)
             skipped.append((path, str(err)))
             continue

@@ -25,7 +25,7 @@ def test_public_surface_is_pinned():
         ]
     )
     sub = next(a for a in cli.build_parser()._actions if a.dest == "command")
-    assert sorted(sub.choices) == ["audit", "inspect", "keygen", "ls", "plan", "verify"]
+    assert sorted(sub.choices) == ["audit", "inspect", "keygen", "ls", "plan", "sync", "verify"]
 
 
 def test_exit_codes_are_distinct_and_cover_every_error():
