@@ -1,21 +1,27 @@
-"""``make demo``: train, get preempted (a real SIGKILL), resume, prove the runs are identical.
+"""``make demo``: train, get preempted (a real SIGKILL), resume, prove it, export, serve, audit.
 
-Runs real ``train.py`` processes on the embedded defaults and narrates:
+Runs real processes on the embedded defaults and narrates:
+0. ``dvc repro prepare``: the interaction log;
 1. an uninterrupted reference run;
-2. the same run started with the requeue-safe ``+resume=latest``, killed with
+2. the run ``default`` started with the requeue-safe ``+resume=latest``, each
+   checkpoint registered with DVC and pushed to the local remote, killed with
    SIGKILL between two checkpoints (a preemption);
 3. the same command again, which resumes from the newest verified checkpoint;
-4. the per-step records and final parameters of both runs compared bit for bit;
-5. ``recovery ls``, ``recovery verify`` and ``recovery audit`` on what was written:
-   every checkpoint is signed (by a local dev key made on first use) and carries
-   its provenance and lineage;
-6. the same run with async saves at the auto interval, and what checkpointing
-   cost it.
-Everything goes under ``.demo/`` (removed first).
+4. every step's loss, lr and batch and the final parameters compared bit for bit;
+5. ``recovery ls`` / ``verify`` / ``audit``: signed checkpoints, their DVC state,
+   provenance and lineage;
+6. the same run with async saves at the auto interval, and what checkpointing cost;
+7. ``dvc repro``: the export stage turns the newest checkpoint into a signed
+   inference artifact, ``recovery predict`` serves raw ids with it (one unknown),
+   and ``recovery audit`` walks from the artifact back to the run's start.
+
+Scratch runs go under ``.demo/``; the main run is ``checkpoints/default`` (the
+run ``dvc.yaml`` exports), which the demo only replaces if it made it.
 """
 
 from __future__ import annotations
 
+import json
 import os
 import shutil
 import signal
@@ -32,19 +38,26 @@ from recovery.layout import METRICS_FILE, scan, step_dir_name
 
 HERE = Path(__file__).resolve().parent
 DEMO = HERE / ".demo"
-ROOT = DEMO / "checkpoints"
+MAIN = HERE / "checkpoints" / "default"
+MARKER = MAIN / ".made-by-demo"
 STEPS = 1200
 KILL_AT = 700
+ENV = {**os.environ, "PATH": f"{Path(sys.executable).parent}:{os.environ.get('PATH', '')}"}
 
 
 def say(text: str) -> None:
     print(f"\n=== {text}", flush=True)
 
 
+def run(*cmd: str) -> int:
+    print("$ " + " ".join(cmd), flush=True)
+    return subprocess.call(list(cmd), cwd=HERE, env=ENV)
+
+
 def train(*overrides: str, kill_at: int | None = None) -> int:
-    cmd = [sys.executable, str(HERE / "train.py"), f"checkpoint.root={ROOT}", *overrides]
-    print("$ " + " ".join(["python", "train.py", *cmd[2:]]), flush=True)
-    env = dict(os.environ)
+    cmd = [sys.executable, str(HERE / "train.py"), *overrides]
+    print("$ " + " ".join(["python", "train.py", *overrides]), flush=True)
+    env = dict(ENV)
     mark = DEMO / "paused"
     if kill_at is not None:
         env[faults.PAUSE_ENV] = f"step-{kill_at}"
@@ -60,32 +73,48 @@ def train(*overrides: str, kill_at: int | None = None) -> int:
     return proc.wait()
 
 
-def recovery(*args: str) -> int:
-    print("$ recovery " + " ".join(args), flush=True)
-    return subprocess.call([sys.executable, "-m", "recovery.cli", *args], cwd=HERE)
+def fresh_start() -> None:
+    if MAIN.exists() and not MARKER.exists():
+        raise SystemExit(
+            f"{MAIN} holds a run the demo did not make; move it away (or run the demo in a "
+            "fresh clone) so that it is not overwritten"
+        )
+    shutil.rmtree(MAIN, ignore_errors=True)
+    shutil.rmtree(DEMO, ignore_errors=True)
+    DEMO.mkdir()
+    MAIN.mkdir(parents=True)
+    MARKER.touch()
 
 
 def main() -> int:
-    shutil.rmtree(DEMO, ignore_errors=True)
-    DEMO.mkdir()
+    fresh_start()
     t0 = time.time()
+    scratch = [f"checkpoint.root={DEMO}", "checkpoint.dvc.enabled=false"]
 
-    say(f"1. Reference: an uninterrupted run of {STEPS} steps")
-    if train("run.name=reference") != 0:
+    say("0. The data: the pipeline's prepare stage (its DVC hash is the dataset version)")
+    if run("dvc", "repro", "prepare") != 0:
         return 1
 
-    say(f"2. The same run, preempted with SIGKILL after step {KILL_AT} (checkpoints every 200)")
-    rc = train("run.name=demo", "+resume=latest", kill_at=KILL_AT)
+    say(f"1. Reference: an uninterrupted run of {STEPS} steps")
+    if train(*scratch, "run.name=reference") != 0:
+        return 1
+
+    say(
+        f"2. The run, preempted with SIGKILL after step {KILL_AT} (checkpoints every 200, "
+        "each registered with DVC and pushed to the local remote)"
+    )
+    main_run = ["+resume=latest", "checkpoint.dvc.push=true"]
+    rc = train(*main_run, kill_at=KILL_AT)
     print(f"--> process ended by signal {-rc}; what survived on disk:", flush=True)
-    recovery("ls", str(ROOT / "demo"))
+    run("recovery", "ls", str(MAIN))
 
     say("3. Requeued with the same command line: it resumes from the newest verified checkpoint")
-    if train("run.name=demo", "+resume=latest") != 0:
+    if train(*main_run) != 0:
         return 1
 
     say("4. Is the resumed run the same run? Every step's loss, lr and batch, and the final state")
-    ref = effective_steps(ROOT / "reference" / METRICS_FILE)
-    got = effective_steps(ROOT / "demo" / METRICS_FILE)
+    ref = effective_steps(DEMO / "reference" / METRICS_FILE)
+    got = effective_steps(MAIN / METRICS_FILE)
     diffs = [
         (s, k)
         for s in ref
@@ -97,8 +126,8 @@ def main() -> int:
             trusted=str(HERE / ".recovery/trusted"), dev_key_dir=str(HERE / ".recovery/dev-key")
         )
     )
-    a = resume.load(ROOT / "reference" / step_dir_name(STEPS), keys).decoded
-    b = resume.load(ROOT / "demo" / step_dir_name(STEPS), keys).decoded
+    a = resume.load(DEMO / "reference" / step_dir_name(STEPS), keys).decoded
+    b = resume.load(MAIN / step_dir_name(STEPS), keys).decoded
     pa, pb = parameters_digest(a.tree["model"]), parameters_digest(b.tree["model"])
     print(f"steps compared:          {len(ref)} (loss, lr, epoch, batch ids)")
     print(f"differences:             {len(diffs)}")
@@ -108,33 +137,50 @@ def main() -> int:
     same = not diffs and pa == pb
     print("verdict:                 " + ("BIT-IDENTICAL" if same else f"DIFFERENT at {diffs[:3]}"))
 
-    say("5. The resumed run's checkpoints, each verified: hashes, signature, signer's trust")
-    recovery("ls", str(ROOT / "demo"))
-    newest = scan(ROOT / "demo").committed[-1][1]
-    rc = recovery("verify", str(newest))
+    say("5. The resumed run's checkpoints: hashes, signature, signer's trust, DVC state")
+    run("recovery", "ls", str(MAIN))
+    newest = scan(MAIN).committed[-1][1]
+    rc = run("recovery", "verify", str(newest))
+    rc = rc or run("recovery", "audit", str(newest))
 
-    say("6. Audit: provenance and lineage of the final checkpoint, back to the run's start")
-    rc = rc or recovery("audit", str(newest))
-
-    say("7. The same run with async saves at the auto (Young/Daly) interval: what it cost")
-    if train("run.name=auto", "checkpoint.async=true", "checkpoint.interval=auto") != 0:
+    say("6. The same run with async saves at the auto (Young/Daly) interval: what it cost")
+    if train(*scratch, "run.name=auto", "checkpoint.async=true", "checkpoint.interval=auto") != 0:
         return 1
-    events = read(ROOT / "auto" / METRICS_FILE)
+    events = read(DEMO / "auto" / METRICS_FILE)
     summary = next(r for r in events if r.get("event") == "run_summary")
     saves = [r for r in events if r.get("event") == "checkpoint"]
-    auto = resume.load(ROOT / "auto" / step_dir_name(STEPS), keys).decoded
+    auto = resume.load(DEMO / "auto" / step_dir_name(STEPS), keys).decoded
     same_auto = parameters_digest(auto.tree["model"]) == pa
     interval = summary["interval"].get("seconds") or 0.0
-    print(f"checkpoints written:     {len(saves)} (auto interval {interval:.1f} s)")
     pause_ms = sorted(r["pause_s"] for r in saves)[len(saves) // 2] * 1e3
+    print(f"checkpoints written:     {len(saves)} (auto interval {interval:.1f} s)")
     print(f"training pause, median:  {pause_ms:.2f} ms")
     print(f"checkpoint overhead:     {summary['checkpoint_fraction'] * 100:.2f}% of run time")
-    print(
-        "final parameters:        " + ("identical to the reference" if same_auto else "DIFFERENT")
-    )
+    print("final parameters:        " + ("identical" if same_auto else "DIFFERENT"))
     same = same and same_auto
-    print(f"\ndemo finished in {time.time() - t0:.1f}s; files under {DEMO}")
+
+    say("7. dvc repro: export the newest checkpoint as a signed inference artifact, serve, audit")
+    rc = rc or run("dvc", "repro")
+    artifact = HERE / "artifacts" / "default"
+    requests = DEMO / "requests.jsonl"
+    ids = _some_ids()
+    requests.write_text(
+        "".join(json.dumps({"user_id": u, "item_id": i}) + "\n" for u, i in ids)
+        + json.dumps({"user_id": 1, "item_id": ids[0][1]})
+        + "\n"
+    )
+    rc = rc or run("recovery", "predict", str(artifact), "--input", str(requests))
+    rc = rc or run("recovery", "audit", str(artifact))
+    print(f"\ndemo finished in {time.time() - t0:.1f}s; the run is in {MAIN}, scratch in {DEMO}")
+    print("its .dvc files are ready for git: git add checkpoints/default/*.dvc dvc.lock")
     return 0 if same and rc == 0 else 1
+
+
+def _some_ids() -> list[tuple[int, int]]:
+    import safetensors.numpy
+
+    table = safetensors.numpy.load_file(str(HERE / "data" / "interactions" / "ids.safetensors"))
+    return [(int(table["user_id"][k]), int(table["item_id"][k])) for k in (0, 7, 42)]
 
 
 if __name__ == "__main__":

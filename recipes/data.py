@@ -27,6 +27,7 @@ from recovery.errors import ConfigError
 log = logging.getLogger(__name__)
 
 META_FILE = "meta.json"
+IDS_FILE = "ids.safetensors"
 
 
 @dataclass(kw_only=True)
@@ -48,6 +49,8 @@ class DataConfig:
     """Std of the Gaussian noise added to the label logit."""
     seed: int = 1234
     """Generation seed (independent of the training seed)."""
+    holdout: float = 0.05
+    """Fraction of interactions (the last ones) held out for validation and export parity."""
 
     def __post_init__(self) -> None:
         for name in ("num_users", "num_items", "num_interactions", "shards", "latent_dim"):
@@ -55,6 +58,8 @@ class DataConfig:
                 raise ConfigError(
                     f"recipe.data.{name}: must be positive, got {getattr(self, name)}"
                 )
+        if not 0.0 <= self.holdout < 0.5:
+            raise ConfigError(f"recipe.data.holdout: must be in [0, 0.5), got {self.holdout}")
         if self.shards > self.num_interactions:
             raise ConfigError(
                 f"recipe.data.shards: {self.shards} shards for {self.num_interactions} interactions"
@@ -68,9 +73,19 @@ class Interactions:
     users: torch.Tensor
     items: torch.Tensor
     labels: torch.Tensor
+    user_ids: torch.Tensor
+    """Raw user id of each user index (what a serving request carries)."""
+    item_ids: torch.Tensor
+    """Raw item id of each item index."""
+    num_train: int
+    """Examples ``0 .. num_train - 1`` train; the rest are held out."""
 
     def __len__(self) -> int:
         return int(self.users.shape[0])
+
+    @property
+    def holdout(self) -> slice:
+        return slice(self.num_train, len(self))
 
 
 def _identity(cfg: DataConfig) -> dict[str, object]:
@@ -94,6 +109,9 @@ def generate(cfg: DataConfig) -> Path:
     logit = cfg.signal * np.einsum("nd,nd->n", user_f[users], item_f[items])
     logit += cfg.noise * rng.normal(size=cfg.num_interactions)
     labels = (rng.random(cfg.num_interactions) < 1.0 / (1.0 + np.exp(-logit))).astype(np.float32)
+    # raw ids as a catalogue would have them: sparse, not the row numbers used for training
+    user_ids = np.sort(rng.choice(10**9, size=cfg.num_users, replace=False)).astype(np.int64)
+    item_ids = np.sort(rng.choice(10**9, size=cfg.num_items, replace=False)).astype(np.int64)
 
     root = Path(cfg.root)
     root.parent.mkdir(parents=True, exist_ok=True)
@@ -111,6 +129,7 @@ def generate(cfg: DataConfig) -> Path:
                 },
                 str(tmp / f"shard-{s:05d}.safetensors"),
             )
+        safetensors.numpy.save_file({"user_id": user_ids, "item_id": item_ids}, str(tmp / IDS_FILE))
         (tmp / META_FILE).write_text(json.dumps(_identity(cfg), indent=1, sort_keys=True) + "\n")
         if root.exists():
             shutil.rmtree(root)
@@ -145,8 +164,13 @@ def load(cfg: DataConfig, *, create: bool = True) -> Interactions:
     parts = [safetensors.numpy.load_file(str(p)) for p in sorted(root.glob("shard-*.safetensors"))]
     if len(parts) != cfg.shards:
         raise ConfigError(f"{root}: expected {cfg.shards} shard files, found {len(parts)}")
+    ids = safetensors.numpy.load_file(str(root / IDS_FILE))
+    n = sum(len(p["label"]) for p in parts)
     return Interactions(
         users=torch.from_numpy(np.concatenate([p["user"] for p in parts])),
         items=torch.from_numpy(np.concatenate([p["item"] for p in parts])),
         labels=torch.from_numpy(np.concatenate([p["label"] for p in parts])),
+        user_ids=torch.from_numpy(ids["user_id"]),
+        item_ids=torch.from_numpy(ids["item_id"]),
+        num_train=n - round(n * cfg.holdout),
     )

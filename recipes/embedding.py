@@ -14,6 +14,7 @@ import random
 import sys
 from collections.abc import Callable
 from dataclasses import dataclass, field
+from functools import partial
 from pathlib import Path
 
 import numpy as np
@@ -125,6 +126,33 @@ def warmup_cosine(warmup: int, total: int, min_ratio: float) -> Callable[[int], 
     return factor
 
 
+def holdout_scores(model: nn.Module, data: Interactions) -> torch.Tensor:
+    """The model's scores on the held-out interactions (eval mode: no dropout, no RNG draw)."""
+    was_training = model.training
+    model.eval()
+    try:
+        with torch.no_grad():
+            part = data.holdout
+            scores: torch.Tensor = model(data.users[part], data.items[part])
+            return scores
+    finally:
+        model.train(was_training)
+
+
+def metrics_at(loss: float, model: nn.Module, data: Interactions) -> dict[str, float]:
+    """What a checkpoint records: the step's training loss and the held-out log loss."""
+    return {"loss": loss, **evaluate(model, data)}
+
+
+def evaluate(model: nn.Module, data: Interactions) -> dict[str, float]:
+    """Held-out log loss: recorded with every checkpoint, checked again at export."""
+    if data.num_train == len(data):
+        return {}
+    scores = holdout_scores(model, data)
+    loss = nn.functional.binary_cross_entropy_with_logits(scores, data.labels[data.holdout])
+    return {"val_logloss": float(loss)}
+
+
 def seed_everything(seed: int) -> None:
     """Seed every stream a fresh run draws from (a resume overwrites them from the checkpoint)."""
     random.seed(seed)
@@ -142,7 +170,7 @@ def build(
     sched = torch.optim.lr_scheduler.LambdaLR(
         opt, warmup_cosine(rc.optim.warmup_steps, total_steps, rc.optim.min_lr_ratio)
     )
-    sampler = ResumableSampler(len(data), rc.batch_size, seed)
+    sampler = ResumableSampler(data.num_train, rc.batch_size, seed)
     return model, TrainState(model=model, optimizer=opt, scheduler=sched, sampler=sampler)
 
 
@@ -195,6 +223,7 @@ def make_checkpointer(
             overrides=hydra_overrides(),
             data=data_root,
             project_root=Path(__file__).resolve().parent.parent,
+            outputs=[Path(ck.root), Path("artifacts")],
         ),
         config=redacted,
         model_config=model_cfg,
@@ -263,7 +292,7 @@ def run(cfg: DictConfig) -> int:
                 {"step": step, "epoch": epoch, "loss": loss_value, "lr": lr, "batch": ids.tolist()}
             )
             bar.update(1)
-            ckpt.maybe_save(state, step, metrics={"loss": loss_value})
+            ckpt.maybe_save(state, step, metrics=partial(metrics_at, loss_value, model, data))
             if step % train.log_every == 0 or step == train.steps:
                 bar.set_postfix(loss=f"{loss_value:.4f}", epoch=epoch)
                 log.info("step %d epoch %d loss %.4f lr %.2e", step, epoch, loss_value, lr)

@@ -8,6 +8,7 @@ verifying reader. See README.md for the formats and the CLI.
 
 from recovery.checkpointer import Checkpointer
 from recovery.config import CheckpointConfig, RunConfig, TrainConfig
+from recovery.export import load_inference
 from recovery.journal import Journal
 from recovery.reader import read_verified
 from recovery.resume import select
@@ -23,6 +24,7 @@ __all__ = [
     "Stateful",
     "TrainConfig",
     "TrainState",
+    "load_inference",
     "read_verified",
     "select",
 ]

@@ -203,9 +203,16 @@ class Checkpointer:
     # -- save ------------------------------------------------------------------
 
     def maybe_save(
-        self, state: TrainState, step: int, *, metrics: dict[str, Any] | None = None
+        self,
+        state: TrainState,
+        step: int,
+        *,
+        metrics: dict[str, Any] | Callable[[], dict[str, Any]] | None = None,
     ) -> Path | None:
         """Call after every optimizer step: save if due; return the checkpoint's path or ``None``.
+
+        ``metrics`` may be a callable, evaluated only when a checkpoint is written
+        (an evaluation pass costs nothing on the other steps).
 
         Raises:
             CommitError: a background save failed (raised at the first step after it did).
@@ -223,14 +230,19 @@ class Checkpointer:
                     "seconds_since_process_start": process_age_s(),
                 }
             )
-        if self.preemption is not None and self.preemption.requested:
-            self._preempt(state, step, metrics)
         every = self.cfg.warm_start_every
-        if every > 0 and step % every == 0:
-            self.save_warm_start(state, step, metrics=metrics)
+        milestone = every > 0 and step % every == 0
+        preempt = self.preemption is not None and self.preemption.requested is not None
+        if not (preempt or milestone or self.cadence.due(step)):
+            return None
+        values = metrics() if callable(metrics) else metrics
+        if preempt:
+            self._preempt(state, step, values)
+        if milestone:
+            self.save_warm_start(state, step, metrics=values)
         if not self.cadence.due(step):
             return None
-        return self.save(state, step, metrics=metrics)
+        return self.save(state, step, metrics=values)
 
     def save(
         self,

@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import argparse
 import hashlib
+import importlib
 import json
 import sys
 from collections.abc import Sequence
@@ -19,6 +20,7 @@ import torch
 
 from recovery import audit, errors, policy, resume, signing, tracking
 from recovery.config import SigningConfig
+from recovery.export import load_inference
 from recovery.layout import scan
 from recovery.signing import PUBLIC_KEY_FILE, TrustStore
 from recovery.state import MODEL
@@ -44,6 +46,7 @@ EXIT_CODES: list[tuple[type[BaseException], int, str]] = [
         75,
         "preempted: checkpointed at the step boundary, requeue with +resume=latest",
     ),
+    (errors.ExportError, 22, "export failed its parity check; no artifact was left"),
     (errors.FormatError, 10, "verified bytes do not decode"),
     (errors.IncompatibleStateError, 11, "checkpoint does not fit this run"),
     (errors.ConfigError, 12, "invalid configuration"),
@@ -299,6 +302,46 @@ def cmd_sync(args: argparse.Namespace) -> int:
     return 0
 
 
+def cmd_export(args: argparse.Namespace) -> int:
+    try:
+        recipe_export = importlib.import_module("recipes.export")
+    except ImportError as err:
+        raise errors.ConfigError(
+            f"export: cannot import the project's recipes ({err}); run `recovery export` from "
+            "the project root (where dvc.yaml is)"
+        ) from err
+    return int(recipe_export.main(list(args.overrides)))
+
+
+def cmd_predict(args: argparse.Namespace) -> int:
+    predictor = load_inference(
+        Path(args.artifact), _trust(args), allow_untrusted=args.allow_untrusted
+    )
+    source = open(args.input) if args.input else sys.stdin  # noqa: SIM115 - closed below
+    try:
+        rows = [json.loads(line) for line in source if line.strip()]
+    except json.JSONDecodeError as err:
+        raise errors.FormatError(f"{args.input or 'stdin'}: expected JSON lines ({err})") from err
+    finally:
+        if args.input:
+            source.close()
+    if not rows:
+        return 0
+    missing = [n for n in predictor.inputs if any(n not in r for r in rows)]
+    if missing:
+        raise errors.FormatError(
+            f"{args.input or 'stdin'}: every line needs {predictor.inputs}; missing {missing}"
+        )
+    out = predictor(**{n: [r[n] for r in rows] for n in predictor.inputs})
+    for i, row in enumerate(rows):
+        result = {n: row[n] for n in predictor.inputs}
+        for name, values in out.items():
+            value = values[i].item()
+            result[name] = None if isinstance(value, float) and value != value else value
+        print(json.dumps(result))
+    return 0
+
+
 def cmd_keygen(args: argparse.Namespace) -> int:
     priv, pub = signing.generate_keypair(Path(args.out), overwrite=args.force)
     kid = signing.key_id(pub.read_bytes())
@@ -442,6 +485,11 @@ def build_parser() -> argparse.ArgumentParser:
     )
     p.set_defaults(func=cmd_audit)
     reading.append(p)
+    p = sub.add_parser("predict", help="serve JSON lines of raw inputs with an inference artifact")
+    p.add_argument("artifact")
+    p.add_argument("--input", help="JSON lines file (default: stdin)")
+    p.set_defaults(func=cmd_predict)
+    reading.append(p)
     for p in reading:
         p.add_argument(
             "--trusted",
@@ -465,6 +513,13 @@ def build_parser() -> argparse.ArgumentParser:
         help="comma-separated intervals to compare (the optimum is always added)",
     )
     p.set_defaults(func=cmd_plan)
+    p = sub.add_parser(
+        "export", help="export a continuation checkpoint as a signed inference artifact"
+    )
+    p.add_argument(
+        "overrides", nargs="*", help="Hydra overrides, e.g. run.name=demo export.dtype=bfloat16"
+    )
+    p.set_defaults(func=cmd_export)
     p = sub.add_parser("sync", help="register (and push) every checkpoint DVC has not got yet")
     p.add_argument("run_dir")
     p.add_argument("--push", action="store_true", help="also push to the remote")

@@ -159,12 +159,13 @@ def typed(schema: type[T], node: Any, *, key: str) -> T:
         ConfigError: naming the key, the bad value and the reason.
     """
     aliases: dict[str, str] = getattr(schema, "ALIASES", {})
-    if aliases and node is not None:
-        plain = (
-            OmegaConf.to_container(node, resolve=True) if not isinstance(node, dict) else dict(node)
-        )
-        if isinstance(plain, dict):
-            node = {aliases.get(str(k), str(k)): v for k, v in plain.items()}
+    if node is not None and not isinstance(node, dict):
+        try:  # resolve interpolations while the node still knows its parents
+            node = OmegaConf.to_container(node, resolve=True)
+        except OmegaConfBaseException as err:
+            raise ConfigError(f"{key}: {err}") from err
+    if aliases and isinstance(node, dict):
+        node = {aliases.get(str(k), str(k)): v for k, v in node.items()}
     try:
         merged = OmegaConf.merge(OmegaConf.structured(schema), node if node is not None else {})
         obj = OmegaConf.to_object(merged)

@@ -27,6 +27,7 @@ and what to do. Only ``recovery.cli`` maps these classes to exit codes.
     ├── SigningKeyError(ValueError)             a signing key cannot be read or is unsupported
     ├── Preempted                               a preemption signal: checkpointed, requeue me
     ├── TrackingError(OSError)                  DVC could not register, push or fetch
+    ├── ExportError(ValueError)                 an export failed parity or could not be built
     └── IncompatibleStateError(ValueError)      checkpoint does not fit this run
 """
 
@@ -160,6 +161,10 @@ class Preempted(RecoveryError):
 
 class TrackingError(RecoveryError, OSError):
     """DVC could not register, push or fetch a checkpoint; the checkpoint itself is intact."""
+
+
+class ExportError(RecoveryError, ValueError):
+    """An export failed its parity check or could not be built; no artifact is left behind."""
 
 
 class FormatError(RecoveryError, ValueError):

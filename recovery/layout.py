@@ -20,6 +20,8 @@ SIGNATURE_FILE = "model.sig"
 STATE_FILE = "state.json"
 CONFIG_FILE = "config.yaml"
 METRICS_FILE = "metrics.jsonl"
+PROGRAM_FILE = "program.pt2"
+IO_SIGNATURE_FILE = "signature.json"
 TENSOR_SUFFIX = ".safetensors"
 
 _COMMITTED = re.compile(r"^step-(\d{8,})$")

@@ -89,8 +89,13 @@ def canonical_digest(obj: Any) -> str:
     return hashlib.sha256(json.dumps(obj, sort_keys=True, default=str).encode()).hexdigest()
 
 
-def code_revision(root: Path) -> dict[str, Any]:
-    """The git state of the repository containing ``root``."""
+def code_revision(root: Path, *, ignore: list[Path] | None = None) -> dict[str, Any]:
+    """The git state of the repository containing ``root``.
+
+    Untracked files under ``ignore`` (the checkpoint root: run records, DVC's
+    ``.dvc`` files) and DVC bookkeeping files are not code and are left out, so
+    a run's own outputs never read as a change of code.
+    """
     try:
         import git
     except ImportError:  # pragma: no cover - a declared dependency
@@ -110,7 +115,15 @@ def code_revision(root: Path) -> dict[str, Any]:
     except TypeError:
         branch = None  # detached HEAD
     diff = repo.git.diff("HEAD", binary=True)
-    untracked = sorted(repo.untracked_files)
+    top = Path(repo.working_tree_dir or root).resolve()
+    skip = [str(p.resolve().relative_to(top)) + "/" for p in ignore or [] if _under(p, top)]
+    untracked = sorted(
+        f
+        for f in repo.untracked_files
+        if not f.endswith((".dvc", ".gitignore"))
+        and f != "dvc.lock"
+        and not any(f.startswith(prefix) for prefix in skip)
+    )
     return {
         "git": True,
         "commit": commit,
@@ -120,6 +133,14 @@ def code_revision(root: Path) -> dict[str, Any]:
         "untracked": untracked[:200],
         "untracked_count": len(untracked),
     }
+
+
+def _under(path: Path, top: Path) -> bool:
+    try:
+        path.resolve().relative_to(top)
+    except ValueError:
+        return False
+    return True
 
 
 def dependency_lock(root: Path) -> dict[str, Any]:
@@ -203,6 +224,7 @@ def capture(
     overrides: list[str] | None = None,
     data: Path | None = None,
     project_root: Path | None = None,
+    outputs: list[Path] | None = None,
 ) -> dict[str, Any]:
     """Everything that made this run, captured now.
 
@@ -211,13 +233,14 @@ def capture(
         overrides: the command-line overrides.
         data: the dataset path the run reads.
         project_root: where the code (and lock file, dvc.lock) live; default cwd.
+        outputs: directories the run writes (checkpoint root, artifacts): not code.
     """
     from recovery import __version__
 
     root = project_root or Path.cwd()
     redacted, keys = redact(dict(config))
     return {
-        "code": code_revision(root),
+        "code": code_revision(root, ignore=outputs),
         "dependencies": dependency_lock(root),
         "dataset": dataset_version(data, root),
         "config": {

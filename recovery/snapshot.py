@@ -15,7 +15,7 @@ import torch
 
 from recovery import codec, tensorfile
 from recovery.errors import FormatError
-from recovery.layout import CONFIG_FILE, STATE_FILE, tensor_file
+from recovery.layout import CONFIG_FILE, IO_SIGNATURE_FILE, PROGRAM_FILE, STATE_FILE, tensor_file
 from recovery.reader import Verified
 
 STATE_FORMAT = 1
@@ -123,6 +123,10 @@ def present(
     names = set(tree)
     if CONFIG_FILE in files:
         names.add("config")
+    if IO_SIGNATURE_FILE in files:
+        names.add("io_signature")
+    if PROGRAM_FILE in files:
+        names.add("program")
     if meta.get(MODEL_CONFIG) is not None:
         names.add(MODEL_CONFIG)
     for key in ("provenance", "lineage"):

@@ -7,6 +7,7 @@ import signal
 import subprocess
 import sys
 import time
+from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -67,6 +68,8 @@ def trainer(data_root, signer):
         script: Path = TRAIN,
         data: Path | None = None,
         signals: tuple[int, ...] = (),
+        before_kill: Callable[[], None] | None = None,
+        env_extra: dict[str, str] | None = None,
     ) -> Result:
         root.mkdir(parents=True, exist_ok=True)
         cmd = [
@@ -79,6 +82,7 @@ def trainer(data_root, signer):
         ]
         env = {**os.environ, "PYTHONUNBUFFERED": "1"}
         env.pop(KEY_ENV, None)
+        env.update(env_extra or {})
         if not dev_key:
             env[KEY_ENV] = str(signer.path)
         mark = root / "paused.mark"
@@ -113,6 +117,8 @@ def trainer(data_root, signer):
                         time.sleep(0.2)
                     (root / "release").touch()
                 else:
+                    if before_kill is not None:
+                        before_kill()
                     os.kill(proc.pid, signal.SIGKILL)
             proc.wait(timeout=max(1.0, deadline - time.monotonic()))
         return Result(proc.returncode, log_path.read_text(), root / "r")

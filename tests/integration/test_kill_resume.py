@@ -134,4 +134,4 @@ def test_ls_and_inspect_on_a_real_run(reference, capsys, signer):
     ]
     assert info["signer"]["trusted"] and not info["signer"]["dev"]
     assert info["code"]["git"] is True and len(info["code"]["commit"]) == 40
-    assert info["dataset"]["source"] == "untracked" and info["dataset"]["nfiles"] == 3
+    assert info["dataset"]["source"] == "untracked" and info["dataset"]["nfiles"] == 4  # 2 shards

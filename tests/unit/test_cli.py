@@ -20,12 +20,23 @@ def test_public_surface_is_pinned():
             "Stateful",
             "TrainConfig",
             "TrainState",
+            "load_inference",
             "read_verified",
             "select",
         ]
     )
     sub = next(a for a in cli.build_parser()._actions if a.dest == "command")
-    assert sorted(sub.choices) == ["audit", "inspect", "keygen", "ls", "plan", "sync", "verify"]
+    assert sorted(sub.choices) == [
+        "audit",
+        "export",
+        "inspect",
+        "keygen",
+        "ls",
+        "plan",
+        "predict",
+        "sync",
+        "verify",
+    ]
 
 
 def test_exit_codes_are_distinct_and_cover_every_error():
