@@ -173,14 +173,14 @@ def _dvc_out(data: Path, root: Path) -> dict[str, Any] | None:
     if sidecar.is_file():
         doc = yaml.safe_load(sidecar.read_text()) or {}
         for out in doc.get("outs", []):
-            return {"source": f"dvc:{sidecar.name}", **out}
+            return {"source": f"dvc:{sidecar.name}", "target": str(sidecar), **out}
     lock = root / "dvc.lock"
     if rel is not None and lock.is_file():
         doc = yaml.safe_load(lock.read_text()) or {}
         for stage, body in (doc.get("stages") or {}).items():
             for out in body.get("outs", []):
                 if out.get("path") == rel:
-                    return {"source": f"dvc.lock:{stage}", **out}
+                    return {"source": f"dvc.lock:{stage}", "target": stage, **out}
     return None
 
 
@@ -206,14 +206,28 @@ def dataset_version(data: Path | None, root: Path) -> dict[str, Any]:
         return {"source": "missing", "path": str(data)}
     out = _dvc_out(data, root)
     if out is not None and out.get("md5"):
-        return {
+        from recovery import tracking
+
+        record = {
             "source": out["source"],
             "path": str(data),
             "version": f"md5:{out['md5']}",
             "md5": out["md5"],
             "size": out.get("size"),
             "nfiles": out.get("nfiles"),
+            "modified": tracking.workspace_modified(root, str(out["target"])),
         }
+        if record["modified"]:
+            fp = fingerprint(data)
+            record["version"] = f"md5:{out['md5']}+modified:sha256:{fp['sha256']}"
+            log.warning(
+                "dataset %s differs from its DVC version md5:%s (%s); recording it as modified. "
+                "Run `dvc repro` (or `dvc checkout`) to train on a versioned dataset.",
+                data,
+                out["md5"],
+                out["source"],
+            )
+        return record
     fp = fingerprint(data)
     return {"source": "untracked", "path": str(data), "version": f"sha256:{fp['sha256']}", **fp}
 

@@ -155,6 +155,21 @@ def materialize(ckpt: Path, *, remote: str | None = None) -> Path:
     return ckpt
 
 
+def workspace_modified(root: Path, target: str) -> bool | None:
+    """Whether the workspace outputs of ``target`` (a stage name or a ``.dvc`` file)
+    differ from what DVC recorded; ``None`` when DVC cannot tell."""
+    try:
+        with _quiet():
+            repo = _repo(root)
+            try:
+                return bool(repo.status(targets=[target]))
+            finally:
+                repo.close()
+    except Exception as err:  # provenance must not fail a run
+        log.warning("could not ask DVC whether %s changed: %s", target, err)
+        return None
+
+
 def untrack(ckpt: Path) -> None:
     """Remove a checkpoint's ``.dvc`` file and its line in the ``.gitignore`` DVC wrote."""
     dvc_file(ckpt).unlink(missing_ok=True)

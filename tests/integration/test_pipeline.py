@@ -254,3 +254,20 @@ def test_fresh_machine_resume_from_the_remote_is_bit_identical(
     assert second.returncode == 0, second.output
     assert "fetching it from DVC" in second.output or "fetched" in second.output
     assert_same_run(reference, run_dir, trust)
+
+
+def test_data_that_differs_from_its_dvc_version_is_recorded_as_modified(project, signer):
+    proj, env = project
+    sh(proj, "dvc", "repro", "prepare", env=env)
+    clean = sh(proj, "python", "train.py", "train.steps=10", "run.name=clean", env=env)
+    assert "differs from its DVC version" not in clean.stdout + clean.stderr
+    with open(proj / "data" / "interactions" / "meta.json", "a") as fh:
+        fh.write(" \n")  # same data for the recipe, different bytes for DVC
+    dirty = sh(proj, "python", "train.py", "train.steps=10", "run.name=dirty", env=env)
+    assert "differs from its DVC version" in dirty.stdout + dirty.stderr
+    store = _trust(signer)
+    for name, modified in (("clean", False), ("dirty", True)):
+        rec = resume.load(proj / "checkpoints" / name / step_dir_name(10), store).manifest.recovery
+        dataset = rec["provenance"]["dataset"]
+        assert dataset["source"] == "dvc.lock:prepare" and dataset["modified"] is modified
+        assert ("+modified:sha256:" in dataset["version"]) is modified
