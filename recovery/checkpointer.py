@@ -266,12 +266,22 @@ class Checkpointer:
         self.cadence.saved(step)
         waited = self._writer.wait() if self._writer is not None else 0.0
         started = time.perf_counter()
+        expect = state.expectations(step)
         if self._writer is None or sync:
             tree = state.state_dict()
             parts = {name: codec.split(part) for name, part in tree.items()}
             skeletons = {name: sk for name, (sk, _) in parts.items()}
             tensors = {name: ts for name, (_, ts) in parts.items()}
-            job = self._job(final, skeletons, tensors, step, purpose.CONTINUATION, metrics, waited)
+            job = self._job(
+                final,
+                skeletons,
+                tensors,
+                step,
+                purpose.CONTINUATION,
+                metrics,
+                waited,
+                expect=expect,
+            )
             job(started)
         else:
             staged = self._staging.stage(state.state_dict())
@@ -285,6 +295,7 @@ class Checkpointer:
                 metrics,
                 waited,
                 pause=pause,
+                expect=expect,
             )
             self.pause_s += pause
             self._writer.submit(lambda: job(time.perf_counter()))
@@ -318,6 +329,7 @@ class Checkpointer:
         waited: float,
         *,
         pause: float | None = None,
+        expect: dict[str, Any] | None = None,
     ) -> Callable[..., Path]:
         """Everything after the snapshot, as a closure that may run on another thread.
 
@@ -329,6 +341,8 @@ class Checkpointer:
         meta: dict[str, Any] = {"run_id": self.run_id, "metrics": dict(metrics or {})}
         if self.model_config is not None:
             meta[snapshot.MODEL_CONFIG] = self.model_config
+        if expect is not None:
+            meta["expect"] = expect
         statement: dict[str, Any] = {
             "step": step,
             "purpose": purpose_name,

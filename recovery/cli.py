@@ -12,13 +12,14 @@ import hashlib
 import importlib
 import json
 import sys
+import time
 from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
 import torch
 
-from recovery import audit, errors, policy, resume, signing, tracking
+from recovery import audit, drill, errors, policy, resume, signing, tracking
 from recovery.config import SigningConfig
 from recovery.export import load_inference
 from recovery.layout import scan
@@ -47,6 +48,7 @@ EXIT_CODES: list[tuple[type[BaseException], int, str]] = [
         "preempted: checkpointed at the step boundary, requeue with +resume=latest",
     ),
     (errors.ExportError, 22, "export failed its parity check; no artifact was left"),
+    (errors.DrillError, 23, "a drill or preflight found that recovery does not reproduce the run"),
     (errors.FormatError, 10, "verified bytes do not decode"),
     (errors.IncompatibleStateError, 11, "checkpoint does not fit this run"),
     (errors.ConfigError, 12, "invalid configuration"),
@@ -342,6 +344,64 @@ def cmd_predict(args: argparse.Namespace) -> int:
     return 0
 
 
+def cmd_drill(args: argparse.Namespace) -> int:
+    if args.preflight:
+        result = drill.preflight(Path(args.preflight), _trust(args))
+        _emit(
+            args,
+            result,
+            f"preflight OK {result['path']}: step {result['step']}, lr {result['lr']}, "
+            f"next batch of {result['next_batch_size']} reproduced",
+        )
+        return 0
+    from hydra import compose, initialize_config_dir
+    from omegaconf import OmegaConf
+
+    conf = Path.cwd() / "conf"
+    if not conf.is_dir():
+        raise errors.ConfigError(
+            "drill: run it from the project root (where conf/ and train.py are)"
+        )
+    with initialize_config_dir(config_dir=str(conf), version_base=None):
+        cfg = compose(config_name="config", overrides=list(args.overrides))
+    level = str(OmegaConf.select(cfg, "drill.level", default="bitwise"))
+    if level not in ("bitwise", "tolerance"):
+        raise errors.ConfigError(f"drill.level: expected bitwise or tolerance, got {level!r}")
+    out = Path(args.out or f".recovery/drills/{time.strftime('%Y%m%d-%H%M%S')}")
+    plan = drill.Plan(
+        script=Path(args.script),
+        overrides=[
+            o for o in args.overrides if not o.startswith(("checkpoint.root=", "run.name="))
+        ],
+        steps=int(cfg.train.steps),
+        every=int(cfg.checkpoint.every_steps),
+        out=out,
+        level=level,
+        atol=float(OmegaConf.select(cfg, "drill.atol", default=0.0)),
+        rtol=float(OmegaConf.select(cfg, "drill.rtol", default=0.0)),
+    )
+    report = drill.run(plan, kills=args.kills, seed=args.seed, trust=_trust(args))
+    reached = sum(k["reached"] for k in report.kills)
+    lines = [
+        f"drill of {args.script} {' '.join(args.overrides)}: {reached} kills "
+        f"({', '.join(k['point'] for k in report.kills)}), resumed at {report.resumes}",
+        f"level {report.level}: "
+        + (
+            "PASS: the drilled run equals the uninterrupted run"
+            if report.passed
+            else f"FAIL: {len(report.differences)} differences"
+        ),
+        *(f"  {d}" for d in report.differences[:20]),
+        f"report {out / drill.DRILL_FILE}, plot {report.plot}, {report.seconds:.0f}s",
+    ]
+    _emit(args, {**report.__dict__, "out": str(out)}, "\n".join(lines))
+    if not report.passed:
+        raise errors.DrillError(
+            f"drill failed: {len(report.differences)} differences, first: {report.differences[0]}"
+        )
+    return 0
+
+
 def cmd_keygen(args: argparse.Namespace) -> int:
     priv, pub = signing.generate_keypair(Path(args.out), overwrite=args.force)
     kid = signing.key_id(pub.read_bytes())
@@ -484,6 +544,15 @@ def build_parser() -> argparse.ArgumentParser:
         "--root", help="checkpoint root to find ancestors in (default: above the run dir)"
     )
     p.set_defaults(func=cmd_audit)
+    reading.append(p)
+    p = sub.add_parser("drill", help="kill-and-resume drill (or --preflight PATH)")
+    p.add_argument("overrides", nargs="*", help="Hydra overrides for the drilled training run")
+    p.add_argument("--kills", type=int, default=10, help="SIGKILLs at random points (default 10)")
+    p.add_argument("--seed", type=int, default=0, help="seed for choosing the kill points")
+    p.add_argument("--out", help="where the runs, drill.json and drill.png go")
+    p.add_argument("--script", default="train.py", help="the training script (default train.py)")
+    p.add_argument("--preflight", metavar="PATH", help="check one real checkpoint instead")
+    p.set_defaults(func=cmd_drill)
     reading.append(p)
     p = sub.add_parser("predict", help="serve JSON lines of raw inputs with an inference artifact")
     p.add_argument("artifact")

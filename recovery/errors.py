@@ -28,6 +28,7 @@ and what to do. Only ``recovery.cli`` maps these classes to exit codes.
     ├── Preempted                               a preemption signal: checkpointed, requeue me
     ├── TrackingError(OSError)                  DVC could not register, push or fetch
     ├── ExportError(ValueError)                 an export failed parity or could not be built
+    ├── DrillError                              a drill or preflight found a difference
     └── IncompatibleStateError(ValueError)      checkpoint does not fit this run
 """
 
@@ -165,6 +166,10 @@ class TrackingError(RecoveryError, OSError):
 
 class ExportError(RecoveryError, ValueError):
     """An export failed its parity check or could not be built; no artifact is left behind."""
+
+
+class DrillError(RecoveryError):
+    """A drill or a preflight found that recovery does not reproduce the run."""
 
 
 class FormatError(RecoveryError, ValueError):

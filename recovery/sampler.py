@@ -79,6 +79,11 @@ class ResumableSampler:
             self.offset = 0
         return epoch, ids
 
+    def peek(self) -> np.ndarray:
+        """The ids of the next batch, without advancing the cursor."""
+        end = min(self.offset + self.batch_size, self._epoch_end())
+        return self.order(self.epoch)[self.offset : end].copy()
+
     def state_dict(self) -> dict[str, Any]:
         """The cursor and the parameters that give it meaning."""
         return {

@@ -11,6 +11,8 @@ nothing.
 
 from __future__ import annotations
 
+import logging
+import os
 from collections.abc import Mapping
 from typing import Any, Protocol, runtime_checkable
 
@@ -19,6 +21,9 @@ import torch
 from recovery import rng
 from recovery.errors import ConfigError, IncompatibleStateError
 
+log = logging.getLogger(__name__)
+
+DROP_ENV = "RECOVERY_DRILL_DROP"
 MODEL = "model"
 OPTIMIZER = "optimizer"
 RNG = "rng"
@@ -131,6 +136,21 @@ class TrainState:
         tree[RNG] = rng.capture()
         return tree
 
+    def expectations(self, step: int) -> dict[str, Any]:
+        """What the run is about to do after ``step``: its learning rates and next batch.
+
+        Recorded in each checkpoint so a preflight can check that restoring it
+        reproduces them.
+        """
+        out: dict[str, Any] = {"step": step}
+        opt = self.components.get(OPTIMIZER)
+        if isinstance(opt, torch.optim.Optimizer):
+            out["lr"] = [float(g["lr"]) for g in opt.param_groups]
+        peek = getattr(self.components.get("sampler"), "peek", None)
+        if callable(peek):
+            out["next_batch"] = [int(i) for i in peek()]
+        return out
+
     def mismatches(self, tree: Mapping[str, Any], only: list[str] | None = None) -> list[str]:
         """Every reason ``tree`` cannot be loaded into this state, empty if it can.
 
@@ -182,8 +202,14 @@ class TrainState:
                 mismatches=problems,
                 path=source if source != "checkpoint" else None,
             )
+        # Test-only: a drill must be able to fail. RECOVERY_DRILL_DROP=<component> makes
+        # a resume skip restoring that piece (sampler, optimizer, rng, ...), so a drill
+        # can show it catches the difference. Never set it outside such a test.
+        dropped = os.environ.get(DROP_ENV, "")
+        if dropped:
+            log.warning("%s=%s: NOT restoring %s (drill failure test)", DROP_ENV, dropped, dropped)
         for name, obj in self.components.items():
-            if only is None or name in only:
+            if (only is None or name in only) and name != dropped:
                 obj.load_state_dict(tree[name])
-        if only is None or RNG in only:
+        if (only is None or RNG in only) and dropped != RNG:
             rng.restore(tree[RNG])

@@ -15,6 +15,7 @@ import pytest
 import torch
 
 from recovery import faults, resume
+from recovery.drill import flat_tensors
 from recovery.journal import effective_steps
 from recovery.layout import METRICS_FILE, step_dir_name
 from recovery.trust import KEY_ENV
@@ -158,22 +159,9 @@ def assert_same_run(reference: Path, run_dir: Path, trust) -> None:
             assert got[step][key] == ref[step][key], f"step {step}: {key} differs"
     a, b = final_state(reference, trust), final_state(run_dir, trust)
     for component in ("model", "optimizer"):
-        flat_a, flat_b = _tensors(a[component]), _tensors(b[component])
+        flat_a, flat_b = flat_tensors(a[component]), flat_tensors(b[component])
         assert flat_a.keys() == flat_b.keys()
         for key in flat_a:
             assert torch.equal(flat_a[key], flat_b[key]), f"{component} {key} differs"
     assert a["sampler"] == b["sampler"] and a["scheduler"] == b["scheduler"]
     assert torch.equal(a["rng"]["torch"], b["rng"]["torch"])
-
-
-def _tensors(tree, prefix=""):
-    out = {}
-    if isinstance(tree, torch.Tensor):
-        out[prefix] = tree
-    elif isinstance(tree, dict):
-        for k, v in tree.items():
-            out |= _tensors(v, f"{prefix}/{k}")
-    elif isinstance(tree, list | tuple):
-        for i, v in enumerate(tree):
-            out |= _tensors(v, f"{prefix}/{i}")
-    return out

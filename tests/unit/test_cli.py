@@ -28,6 +28,7 @@ def test_public_surface_is_pinned():
     sub = next(a for a in cli.build_parser()._actions if a.dest == "command")
     assert sorted(sub.choices) == [
         "audit",
+        "drill",
         "export",
         "inspect",
         "keygen",

@@ -1,0 +1,302 @@
+"""Kill-and-resume drills: prove recovery before a real failure does.
+
+A drill runs the training script as real subprocesses: an uninterrupted
+reference to N steps, then a victim started with ``+resume=latest`` and killed
+with SIGKILL at K points chosen at random (between steps, and inside each
+phase of a checkpoint commit: while tensors are written, before the signature,
+between the signature and the rename; with ``checkpoint.async=true`` those
+phases run in the background writer), resumed after each kill with the same
+command line, and finally let run to the end. Then every step's loss, learning
+rate and batch ids, and the final model and optimizer tensors, are compared at
+the declared level (``bitwise``, or ``tolerance`` with atol/rtol for GPU runs).
+
+Preflight (:func:`preflight`) checks one real checkpoint without training:
+restoring its data cursor and optimizer must reproduce the step, learning rate
+and next batch that the live run recorded when it saved.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import os
+import random
+import signal
+import subprocess
+import sys
+import time
+from dataclasses import asdict, dataclass, field
+from pathlib import Path
+from typing import Any
+
+import torch
+
+from recovery import faults, resume
+from recovery.errors import DrillError
+from recovery.journal import effective_steps, read
+from recovery.layout import METRICS_FILE, step_dir_name
+from recovery.sampler import ResumableSampler
+from recovery.signing import TrustStore
+
+log = logging.getLogger(__name__)
+
+PHASES = ("write", "before-manifest", "before-rename")
+DRILL_FILE = "drill.json"
+PLOT_FILE = "drill.png"
+
+
+@dataclass
+class Plan:
+    """What a drill runs: the training command, its length and where it checkpoints."""
+
+    script: Path
+    overrides: list[str]
+    steps: int
+    every: int
+    out: Path
+    env: dict[str, str] = field(default_factory=dict)
+    level: str = "bitwise"
+    atol: float = 0.0
+    rtol: float = 0.0
+
+
+def choose_points(rng: random.Random, *, steps: int, every: int, kills: int) -> list[str]:
+    """``kills`` kill points in the order the run reaches them, every commit phase included.
+
+    Each commit phase is drawn once at a random checkpoint step (when ``kills`` allows);
+    the rest are random step boundaries. Points are strictly increasing in
+    (step, phase), so each is reached after the resume from the one before.
+    """
+    ckpts = [s for s in range(every, steps, every)]
+    if not ckpts:
+        raise DrillError(f"drill: no checkpoint before step {steps} with every_steps={every}")
+    order = {"step": 3, "write": 0, "before-manifest": 1, "before-rename": 2}
+    chosen: set[tuple[int, str]] = set()
+    for phase in PHASES[: min(kills, len(PHASES))]:
+        chosen.add((rng.choice(ckpts), phase))
+    while len(chosen) < kills:
+        chosen.add((rng.randrange(1, steps), "step"))
+    ranked = sorted(chosen, key=lambda p: (p[0], order[p[1]]))
+    # two commit phases of one checkpoint: the later one is reached only after the resume
+    # re-saves that step, which is fine; the same point twice is not possible (a set)
+    return [f"step-{s}" if ph == "step" else f"commit-{ph}-{s}" for s, ph in ranked]
+
+
+def _train(plan: Plan, root: Path, extra: list[str], *, pause_at: str | None) -> tuple[int, str]:
+    """Run the script once; with ``pause_at``, SIGKILL it there. Returns (exit code, point hit)."""
+    cmd = [
+        sys.executable,
+        str(plan.script),
+        f"checkpoint.root={root}",
+        "run.name=drill",
+        *plan.overrides,
+        *extra,
+    ]
+    env = {**os.environ, **plan.env, "PYTHONUNBUFFERED": "1"}
+    mark = root / "paused.mark"
+    mark.unlink(missing_ok=True)
+    if pause_at:
+        env[faults.PAUSE_ENV] = pause_at
+        env[faults.MARK_ENV] = str(mark)
+    root.mkdir(parents=True, exist_ok=True)
+    with open(root / "drill.log", "a") as logfile:
+        proc = subprocess.Popen(cmd, stdout=logfile, stderr=subprocess.STDOUT, env=env)
+        if pause_at:
+            while not mark.exists() and proc.poll() is None:
+                time.sleep(0.02)
+            if mark.exists():
+                os.kill(proc.pid, signal.SIGKILL)
+                proc.wait()
+                return proc.returncode, pause_at
+        return proc.wait(), ""
+
+
+def flat_tensors(tree: Any, prefix: str = "") -> dict[str, torch.Tensor]:
+    """Every tensor in a state tree, keyed by its path."""
+    out: dict[str, torch.Tensor] = {}
+    if isinstance(tree, torch.Tensor):
+        out[prefix] = tree
+    elif isinstance(tree, dict):
+        for k, v in tree.items():
+            out |= flat_tensors(v, f"{prefix}/{k}")
+    elif isinstance(tree, list | tuple):
+        for i, v in enumerate(tree):
+            out |= flat_tensors(v, f"{prefix}/{i}")
+    return out
+
+
+def compare(plan: Plan, ref: Path, victim: Path, trust: TrustStore) -> list[str]:
+    """Every difference between two runs at the plan's level, one line each."""
+    a, b = effective_steps(ref / METRICS_FILE), effective_steps(victim / METRICS_FILE)
+    diffs: list[str] = []
+    for step in sorted(a):
+        if step not in b:
+            diffs.append(f"step {step}: missing from the drilled run")
+            continue
+        for key in ("batch", "epoch"):
+            if a[step][key] != b[step][key]:
+                diffs.append(f"step {step}: {key} differs")
+        for key in ("loss", "lr"):
+            x, y = float(a[step][key]), float(b[step][key])
+            ok = x == y if plan.level == "bitwise" else abs(x - y) <= plan.atol + plan.rtol * abs(x)
+            if not ok:
+                diffs.append(f"step {step}: {key} {x!r} (reference) vs {y!r} (drilled)")
+    last = step_dir_name(plan.steps)
+    ta = resume.load(ref / last, trust).decoded.tree
+    tb = resume.load(victim / last, trust).decoded.tree
+    for component in ("model", "optimizer"):
+        fa, fb = flat_tensors(ta.get(component)), flat_tensors(tb.get(component))
+        for key in sorted(fa.keys() | fb.keys()):
+            if key not in fa or key not in fb:
+                diffs.append(f"final {component}{key}: present in one run only")
+                continue
+            ta_, tb_ = fa[key], fb[key]
+            same = (
+                torch.equal(ta_, tb_)
+                if plan.level == "bitwise"
+                else torch.allclose(ta_.double(), tb_.double(), atol=plan.atol, rtol=plan.rtol)
+            )
+            if not same:
+                worst = (
+                    float((ta_.double() - tb_.double()).abs().max())
+                    if ta_.shape == tb_.shape
+                    else float("nan")
+                )
+                diffs.append(f"final {component}{key}: differs (max |diff| {worst:.3g})")
+    return diffs
+
+
+@dataclass
+class Report:
+    """A drill's outcome."""
+
+    passed: bool
+    level: str
+    kills: list[dict[str, Any]]
+    resumes: list[int]
+    differences: list[str]
+    steps: int
+    seconds: float
+    plot: str | None = None
+
+
+def run(plan: Plan, *, kills: int, seed: int, trust: TrustStore) -> Report:
+    """Run the reference, the drilled victim (``kills`` kills) and the comparison."""
+    started = time.time()
+    rng = random.Random(seed)
+    points = choose_points(rng, steps=plan.steps, every=plan.every, kills=kills)
+    log.info("drill: %d kill points: %s", len(points), ", ".join(points))
+    ref_root, vic_root = plan.out / "reference", plan.out / "victim"
+    code, _ = _train(plan, ref_root, [], pause_at=None)
+    if code != 0:
+        raise DrillError(
+            f"drill: the reference run failed (exit {code}); see {ref_root / 'drill.log'}"
+        )
+    kill_log: list[dict[str, Any]] = []
+    for point in points:
+        code, hit = _train(plan, vic_root, ["+resume=latest"], pause_at=point)
+        if not hit:
+            kill_log.append({"point": point, "reached": False, "exit": code})
+            if code != 0:
+                raise DrillError(
+                    f"drill: the victim exited {code} before {point}; see {vic_root / 'drill.log'}"
+                )
+            break
+        kill_log.append({"point": point, "reached": True, "exit": code})
+    code, _ = _train(plan, vic_root, ["+resume=latest"], pause_at=None)
+    if code != 0:
+        raise DrillError(
+            f"drill: the final resume failed (exit {code}); see {vic_root / 'drill.log'}"
+        )
+    ref_run, vic_run = ref_root / "drill", vic_root / "drill"
+    diffs = compare(plan, ref_run, vic_run, trust)
+    resumes = [int(r["step"]) for r in read(vic_run / METRICS_FILE) if r.get("event") == "resume"]
+    unreached = [k["point"] for k in kill_log if not k["reached"]]
+    if unreached:
+        diffs.append(f"kill points never reached: {unreached}")
+    report = Report(
+        passed=not diffs,
+        level=plan.level,
+        kills=kill_log,
+        resumes=resumes,
+        differences=diffs,
+        steps=plan.steps,
+        seconds=time.time() - started,
+    )
+    report.plot = str(_plot(plan, ref_run, vic_run, report))
+    (plan.out / DRILL_FILE).write_text(json.dumps(asdict(report), indent=1))
+    return report
+
+
+def _plot(plan: Plan, ref: Path, victim: Path, report: Report) -> Path:
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    a, b = effective_steps(ref / METRICS_FILE), effective_steps(victim / METRICS_FILE)
+    fig, ax = plt.subplots(figsize=(9, 4.5))
+    xs = sorted(a)
+    ax.plot(xs, [a[s]["loss"] for s in xs], label="reference (uninterrupted)", lw=2.5, alpha=0.6)
+    ys = sorted(b)
+    ax.plot(ys, [b[s]["loss"] for s in ys], label="drilled (killed and resumed)", lw=1, ls="--")
+    for i, k in enumerate(report.kills):
+        if k["reached"]:
+            step = int(k["point"].rsplit("-", 1)[1])
+            ax.axvline(step, color="red", alpha=0.5, lw=1, label="SIGKILL" if i == 0 else None)
+    for i, step in enumerate(report.resumes):
+        ax.axvline(step, color="green", alpha=0.5, lw=1, ls=":", label="resume" if i == 0 else None)
+    verdict = "PASS" if report.passed else f"FAIL ({len(report.differences)} differences)"
+    ax.set_title(
+        f"kill-and-resume drill: {len(report.kills)} kills, level {report.level}: {verdict}"
+    )
+    ax.set_xlabel("step")
+    ax.set_ylabel("training loss")
+    ax.legend()
+    path = plan.out / PLOT_FILE
+    fig.tight_layout()
+    fig.savefig(path, dpi=100)
+    plt.close(fig)
+    return path
+
+
+def preflight(path: Path, trust: TrustStore) -> dict[str, Any]:
+    """Restore a checkpoint's cursor and optimizer; compare with what the live run recorded.
+
+    Raises:
+        DrillError: the restored step, learning rate or next batch differs, naming each.
+    """
+    loaded = resume.load(path, trust)
+    expect = loaded.decoded.meta.get("expect")
+    if not expect:
+        raise DrillError(f"{path}: records no expectations (written before preflight existed)")
+    tree = loaded.decoded.tree
+    problems = []
+    if loaded.decoded.step != expect["step"]:
+        problems.append(f"step: restored {loaded.decoded.step}, recorded {expect['step']}")
+    lrs = [float(g["lr"]) for g in tree.get("optimizer", {}).get("param_groups", [])]
+    if lrs != expect.get("lr"):
+        problems.append(f"learning rate: restored {lrs}, recorded {expect.get('lr')}")
+    cursor = tree.get("sampler")
+    if cursor is not None:
+        sampler = ResumableSampler(
+            cursor["num_examples"],
+            cursor["batch_size"],
+            cursor["seed"],
+            drop_last=cursor["drop_last"],
+        )
+        sampler.load_state_dict(cursor)
+        _, ids = sampler.next_batch()
+        if ids.tolist() != expect.get("next_batch"):
+            problems.append(
+                f"next batch: restored {ids.tolist()[:8]}..., "
+                f"recorded {list(expect.get('next_batch') or [])[:8]}..."
+            )
+    if problems:
+        raise DrillError(f"{path}: preflight failed:\n  " + "\n  ".join(problems), path=path)
+    return {
+        "path": str(path),
+        "step": loaded.decoded.step,
+        "lr": lrs,
+        "next_batch_size": len(expect.get("next_batch") or []),
+    }
