@@ -167,10 +167,6 @@ def run(cfg: DictConfig) -> int:
     signer = trust.resolve_signer(signing_cfg)
     keys = trust.resolve_trust(signing_cfg, signer)
     run_dir = Path(ck.root) / run_cfg.name
-    if ex.source == "best":
-        raise ConfigError(
-            "export.source=best needs best-model retention, which is not supported yet"
-        )
     source = resume.select(run_dir, ex.source, keys, allow_untrusted=signing_cfg.allow_untrusted)
     if source is None:
         raise ConfigError(

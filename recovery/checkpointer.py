@@ -11,6 +11,7 @@ artifact. One process writes a run directory at a time.
 from __future__ import annotations
 
 import logging
+import os
 import shutil
 import time
 import uuid
@@ -21,14 +22,15 @@ from typing import Any
 import torch
 import yaml
 
-from recovery import codec, commit, lineage, policy, purpose, resume, snapshot, tracking
+from recovery import codec, commit, lineage, policy, purpose, reader, resume, snapshot, tracking
 from recovery import provenance as prov
 from recovery import restore as begin
 from recovery.cadence import Cadence, process_age_s
 from recovery.config import CheckpointConfig
-from recovery.errors import Preempted, PurposeError, RunDirInUseError
+from recovery.errors import Preempted, PurposeError, RecoveryError, RunDirInUseError
 from recovery.journal import Journal
-from recovery.layout import scan, step_dir_name
+from recovery.layout import BEST_DIR, scan, step_dir_name
+from recovery.layout import temp_dir_for as layout_temp
 from recovery.manifest import Manifest
 from recovery.preemption import PreemptionGuard
 from recovery.purpose import BUILTIN, PurposeSpec
@@ -372,6 +374,8 @@ class Checkpointer:
             write_s = time.perf_counter() - started
             if record:
                 self.previous = lineage.link(mf, final, self.root)
+                if self.cfg.keep_best:
+                    self._keep_best(final, mf)
                 self._retain(step)
                 self._record(step, pause if pause is not None else write_s, waited, write_s, mf)
             if self.publisher is not None:
@@ -380,6 +384,44 @@ class Checkpointer:
             return final
 
         return run
+
+    def _keep_best(self, final: Path, mf: Manifest) -> None:
+        """Copy ``final`` to ``<run>/best/`` if its metric beats the kept best (atomically).
+
+        The copy is independent (new files, not links), so nothing that later
+        happens to the run's checkpoints can alter it.
+        """
+        value = mf.recovery.get("metrics", {}).get(self.cfg.best_metric)
+        if not isinstance(value, int | float):
+            return
+        best_dir = self.run_dir / BEST_DIR
+        current = [p for p in best_dir.glob("step-*") if p.is_dir()] if best_dir.is_dir() else []
+        best_value = None
+        for path in current:
+            try:
+                kept = reader.read_manifest(path, self.trust, allow_untrusted=self.allow_untrusted)
+                best_value = kept.recovery.get("metrics", {}).get(self.cfg.best_metric)
+            except RecoveryError as err:
+                log.warning("best checkpoint %s does not verify (%s); replacing it", path, err)
+        if not policy.is_better(float(value), best_value, mode=self.cfg.best_mode):
+            return
+        best_dir.mkdir(exist_ok=True)
+        tmp = layout_temp(best_dir / final.name)
+        shutil.copytree(final, tmp, copy_function=shutil.copyfile)
+        for f in tmp.iterdir():
+            f.chmod(0o644)
+        commit.fsync_dir(tmp)
+        for old in current:
+            shutil.rmtree(old, ignore_errors=True)
+        os.rename(tmp, best_dir / final.name)
+        commit.fsync_dir(best_dir)
+        log.info(
+            "best checkpoint: %s (%s %s %.6g)",
+            final.name,
+            self.cfg.best_metric,
+            self.cfg.best_mode,
+            float(value),
+        )
 
     def _record(self, step: int, pause: float, waited: float, write_s: float, mf: Manifest) -> None:
         nbytes = sum(r.size for r in mf.files)

@@ -73,6 +73,12 @@ class CheckpointConfig:
     """Signals that mean "checkpoint at the next step boundary and exit 75"."""
     dvc: DvcConfig = field(default_factory=DvcConfig)
     """DVC tracking of committed checkpoints."""
+    keep_best: bool = False
+    """Keep an independent copy of the best checkpoint by ``best_metric`` under ``<run>/best/``."""
+    best_metric: str = "val_logloss"
+    """The metric (recorded with each checkpoint) that ranks checkpoints."""
+    best_mode: str = "min"
+    """``min`` or ``max``: which direction of ``best_metric`` is better."""
 
     ALIASES: ClassVar[dict[str, str]] = {"async": "async_save"}
 
@@ -88,6 +94,8 @@ class CheckpointConfig:
             )
         if self.keep_every < 0:
             raise ConfigError(f"checkpoint.keep_every: must be >= 0, got {self.keep_every}")
+        if self.best_mode not in ("min", "max"):
+            raise ConfigError(f"checkpoint.best_mode: expected min or max, got {self.best_mode!r}")
         if self.every_seconds < 0:
             raise ConfigError(f"checkpoint.every_seconds: must be >= 0, got {self.every_seconds}")
         if self.interval not in ("fixed", "auto"):

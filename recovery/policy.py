@@ -120,3 +120,10 @@ def due(
     if step <= 0 or step == last_step:
         return False
     return every_seconds > 0 and now - last_time >= every_seconds
+
+
+def is_better(value: float, best: float | None, *, mode: str) -> bool:
+    """Whether ``value`` beats ``best`` (``None``: nothing yet) in direction ``mode``."""
+    if best is None:
+        return value == value  # a NaN never becomes the best
+    return value < best if mode == "min" else value > best

@@ -29,7 +29,7 @@ from recovery.errors import (
     TrackingError,
     VerificationError,
 )
-from recovery.layout import scan, step_dir_name
+from recovery.layout import BEST_DIR, scan, step_dir_name
 from recovery.manifest import Manifest
 from recovery.signing import TrustStore
 from recovery.snapshot import Decoded
@@ -105,11 +105,18 @@ def select(
         CheckpointNotFoundError: a named step or path does not exist.
         VerificationError, FormatError, PurposeError: a named step or path is
             damaged, untrusted, or not a continuation checkpoint.
-        ConfigError: ``best`` (not supported yet) or a malformed spec.
+        ConfigError: a malformed spec.
     """
     want = parse_spec(spec)
     if want == BEST:
-        raise ConfigError("resume=best needs best-model retention, which is not supported yet")
+        kept = sorted((run_dir / BEST_DIR).glob("step-*")) if (run_dir / BEST_DIR).is_dir() else []
+        if not kept:
+            raise CheckpointNotFoundError(
+                f"{run_dir / BEST_DIR}: no best checkpoint; train with checkpoint.keep_best=true "
+                f"(ranked by checkpoint.best_metric)",
+                path=run_dir / BEST_DIR,
+            )
+        want = kept[-1]
     if want == LATEST:
         return _latest(run_dir, trust, allow_untrusted)
     if isinstance(want, int):

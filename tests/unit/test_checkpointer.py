@@ -201,3 +201,56 @@ def test_secret_config_values_never_reach_the_checkpoint(tmp_path):
     for f in (tmp_path / "run").rglob("*"):
         if f.is_file():
             assert b"SECRET" not in f.read_bytes(), f
+
+
+def test_keep_best_is_an_independent_copy_that_resume_best_reloads(tmp_path):
+    probe = torch.linspace(-1, 1, 12).reshape(4, 3)
+
+    def score(state):
+        with torch.no_grad():
+            return float(state.components["model"].eval()(probe).sum())
+
+    state = tiny_state()
+    journal = Journal(tmp_path / "run" / "metrics.jsonl")
+    ck = Checkpointer(
+        CheckpointConfig(
+            root=str(tmp_path),
+            every_steps=2,
+            keep_last=2,
+            keep_best=True,
+            best_metric="probe",
+            best_mode="max",
+        ),
+        tmp_path / "run",
+        final_step=12,
+        journal=journal,
+        signer=KEYS["signer"],
+        trust=KEYS["trust"],
+        provenance=KEYS["provenance"],
+        config={"seed": 0},
+    )
+    ck.restore(state, None)
+    scores = {}
+    for step in range(1, 13):
+        train_steps(state, 1)
+        state.components["model"].train()
+        scores[step] = score(state)
+        state.components["model"].train()
+        bonus = 0.0 if step == 4 else -100.0  # make step 4 the best, so later saves follow it
+        ck.maybe_save(state, step, metrics={"probe": scores[step] + bonus})
+    ck.close()
+    journal.close()
+    best_step = 4
+    kept = tmp_path / "run" / "best" / step_dir_name(best_step)
+    assert [p.name for p in (tmp_path / "run" / "best").iterdir()] == [kept.name]
+    before = {f.name: f.read_bytes() for f in kept.iterdir()}
+    # later training and retention leave it alone; it is not a link into the run's files
+    assert all(f.stat().st_nlink == 1 for f in kept.iterdir())
+    _, _, ck2 = run(tmp_path, 12, resume="best")
+    assert ck2.resumed_from == kept
+    assert {f.name: f.read_bytes() for f in kept.iterdir()} == before
+    reloaded = tiny_state()
+    from recovery import resume as resume_mod
+
+    reloaded.load_state_dict(resume_mod.load(kept, KEYS["trust"]).decoded.tree)
+    assert score(reloaded) == scores[best_step]  # re-evaluated: the same number

@@ -3,6 +3,7 @@ import pytest
 from recovery.policy import (
     auto_interval,
     due,
+    is_better,
     parse_duration,
     plan,
     should_save,
@@ -111,3 +112,19 @@ def test_due(step, now, every_steps, every_seconds, last_step, last_time, expect
         last_time=last_time,
     )
     assert got is expected
+
+
+@pytest.mark.parametrize(
+    ("value", "best", "mode", "expected"),
+    [
+        (1.0, None, "min", True),
+        (float("nan"), None, "min", False),
+        (1.0, 2.0, "min", True),
+        (2.0, 1.0, "min", False),
+        (1.0, 1.0, "min", False),  # ties keep the earlier best
+        (2.0, 1.0, "max", True),
+        (1.0, 2.0, "max", False),
+    ],
+)
+def test_is_better(value, best, mode, expected):
+    assert is_better(value, best, mode=mode) is expected
