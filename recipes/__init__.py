@@ -18,7 +18,16 @@ def _embedding(cfg: DictConfig) -> int:
     return embedding.run(cfg)
 
 
-RECIPES: dict[str, Callable[[DictConfig], int]] = {"embedding": _embedding}
+def _classifier(cfg: DictConfig) -> int:
+    from recipes import classifier
+
+    return classifier.run(cfg)
+
+
+RECIPES: dict[str, Callable[[DictConfig], int]] = {
+    "embedding": _embedding,
+    "classifier": _classifier,
+}
 
 
 def run(cfg: DictConfig) -> int:

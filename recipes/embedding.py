@@ -9,29 +9,18 @@ next step depends on is registered in one :class:`TrainState`.
 from __future__ import annotations
 
 import logging
-import math
-import random
-import sys
-from collections.abc import Callable
 from dataclasses import dataclass, field
-from functools import partial
 from pathlib import Path
 
-import numpy as np
 import torch
-from omegaconf import DictConfig, OmegaConf
+from omegaconf import DictConfig
 from torch import nn
-from tqdm import tqdm
 
+from recipes import common
+from recipes.common import seed_everything, warmup_cosine
 from recipes.data import DataConfig, Interactions, load
-from recovery import faults, provenance, trust
-from recovery.checkpointer import Checkpointer
-from recovery.config import CheckpointConfig, RunConfig, SigningConfig, TrainConfig, typed
-from recovery.errors import ConfigError, Preempted
-from recovery.journal import Journal
-from recovery.layout import METRICS_FILE
-from recovery.preemption import PreemptionGuard
-from recovery.purpose import PurposeSpec
+from recovery.config import TrainConfig, typed
+from recovery.errors import ConfigError
 from recovery.sampler import ResumableSampler
 from recovery.state import TrainState
 
@@ -114,18 +103,6 @@ class DotProduct(nn.Module):
         return score
 
 
-def warmup_cosine(warmup: int, total: int, min_ratio: float) -> Callable[[int], float]:
-    """LR factor at a step: linear warmup to 1, then cosine down to ``min_ratio`` at ``total``."""
-
-    def factor(step: int) -> float:
-        if step < warmup:
-            return (step + 1) / warmup
-        progress = min(1.0, (step - warmup) / max(1, total - warmup))
-        return min_ratio + (1.0 - min_ratio) * 0.5 * (1.0 + math.cos(math.pi * progress))
-
-    return factor
-
-
 def holdout_scores(model: nn.Module, data: Interactions) -> torch.Tensor:
     """The model's scores on the held-out interactions (eval mode: no dropout, no RNG draw)."""
     was_training = model.training
@@ -151,13 +128,6 @@ def evaluate(model: nn.Module, data: Interactions) -> dict[str, float]:
     scores = holdout_scores(model, data)
     loss = nn.functional.binary_cross_entropy_with_logits(scores, data.labels[data.holdout])
     return {"val_logloss": float(loss)}
-
-
-def seed_everything(seed: int) -> None:
-    """Seed every stream a fresh run draws from (a resume overwrites them from the checkpoint)."""
-    random.seed(seed)
-    np.random.seed(seed % 2**32)
-    torch.manual_seed(seed)
 
 
 def build(
@@ -186,123 +156,36 @@ def model_config(rc: EmbeddingConfig) -> dict[str, object]:
     }
 
 
-def hydra_overrides() -> list[str]:
-    """The command-line overrides of this Hydra job (empty outside ``@hydra.main``)."""
-    from hydra.core.hydra_config import HydraConfig
-
-    if not HydraConfig.initialized():
-        return []
-    return list(HydraConfig.get().overrides.task)
-
-
-def make_checkpointer(
-    cfg: DictConfig,
-    ck: CheckpointConfig,
-    run_dir: Path,
-    *,
-    final_step: int,
-    data_root: Path,
-    model_cfg: dict[str, object],
-    journal: Journal,
-    preemption: PreemptionGuard | None = None,
-) -> Checkpointer:
-    """A checkpointer wired to the run's signer, trust store, provenance and purposes."""
-    signing_cfg = typed(SigningConfig, cfg.signing, key="signing")
-    signer = trust.resolve_signer(signing_cfg)
-    resolved = {str(k): v for k, v in OmegaConf.to_container(cfg, resolve=True).items()}  # type: ignore[union-attr]
-    redacted, _ = provenance.redact(resolved)
-    return Checkpointer(
-        ck,
-        run_dir,
-        final_step=final_step,
-        signer=signer,
-        trust=trust.resolve_trust(signing_cfg, signer),
-        allow_untrusted=signing_cfg.allow_untrusted,
-        provenance=provenance.capture(
-            config=resolved,
-            overrides=hydra_overrides(),
-            data=data_root,
-            project_root=Path(__file__).resolve().parent.parent,
-            outputs=[Path(ck.root), Path("artifacts")],
-        ),
-        config=redacted,
-        model_config=model_cfg,
-        purposes={
-            name: typed(PurposeSpec, node, key=f"purposes.{name}")
-            for name, node in cfg.purposes.items()
-        },
-        journal=journal,
-        preemption=preemption,
-    )
-
-
 def run(cfg: DictConfig) -> int:
     """Train (or resume, or warm-start) the embedding recipe as ``cfg`` says; return 0."""
     rc = typed(EmbeddingConfig, cfg.recipe, key="recipe")
-    ck = typed(CheckpointConfig, cfg.checkpoint, key="checkpoint")
-    run_cfg = typed(RunConfig, cfg.run, key="run")
     train = typed(TrainConfig, cfg.train, key="train")
-    seed = int(cfg.seed)
-
     data = load(rc.data)
-    model, state = build(rc, data, seed=seed, total_steps=train.steps)
+    model, state = build(rc, data, seed=int(cfg.seed), total_steps=train.steps)
     opt = state.components["optimizer"]
     sched = state.components["scheduler"]
     sampler: ResumableSampler = state.components["sampler"]
+    loss_fn = nn.BCEWithLogitsLoss()
 
-    run_dir = Path(ck.root) / run_cfg.name
-    journal = Journal(run_dir / METRICS_FILE)
-    guard = PreemptionGuard(ck.preempt_signals)
-    ckpt = make_checkpointer(
+    def one_step() -> common.StepResult:
+        epoch, ids = sampler.next_batch()
+        index = torch.from_numpy(ids)
+        lr = float(opt.param_groups[0]["lr"])
+        logits = model(data.users[index], data.items[index])
+        loss = loss_fn(logits, data.labels[index])
+        opt.zero_grad(set_to_none=True)
+        loss.backward()
+        opt.step()
+        sched.step()
+        return common.StepResult(epoch, ids.tolist(), float(loss.item()), lr)
+
+    model.train()
+    return common.train(
         cfg,
-        ck,
-        run_dir,
-        final_step=train.steps,
+        state,
+        one_step,
+        metrics=lambda loss: metrics_at(loss, model, data),
         data_root=Path(rc.data.root),
         model_cfg=model_config(rc),
-        journal=journal,
-        preemption=guard,
+        examples=len(data),
     )
-    step = ckpt.restore(
-        state,
-        OmegaConf.select(cfg, "resume", default=None),
-        init_from=OmegaConf.select(cfg, "init_from", default=None),
-    )
-    log.info("run %s: step %d of %d, %d examples", run_dir, step, train.steps, len(data))
-
-    loss_fn = nn.BCEWithLogitsLoss()
-    model.train()
-    # a progress bar on a terminal; plain log lines (below) everywhere else
-    bar = tqdm(total=train.steps, initial=step, unit="step", disable=not sys.stderr.isatty())
-    guard.install()
-    try:
-        while step < train.steps:
-            epoch, ids = sampler.next_batch()
-            index = torch.from_numpy(ids)
-            lr = float(opt.param_groups[0]["lr"])
-            logits = model(data.users[index], data.items[index])
-            loss = loss_fn(logits, data.labels[index])
-            opt.zero_grad(set_to_none=True)
-            loss.backward()
-            opt.step()
-            sched.step()
-            step += 1
-            loss_value = float(loss.item())
-            journal.write(
-                {"step": step, "epoch": epoch, "loss": loss_value, "lr": lr, "batch": ids.tolist()}
-            )
-            bar.update(1)
-            ckpt.maybe_save(state, step, metrics=partial(metrics_at, loss_value, model, data))
-            if step % train.log_every == 0 or step == train.steps:
-                bar.set_postfix(loss=f"{loss_value:.4f}", epoch=epoch)
-                log.info("step %d epoch %d loss %.4f lr %.2e", step, epoch, loss_value, lr)
-            faults.reach(f"step-{step}")
-        ckpt.close()
-    except Preempted:
-        ckpt.close()
-        raise
-    finally:
-        bar.close()
-        guard.uninstall()
-        journal.close()
-    return 0
