@@ -379,6 +379,7 @@ def cmd_drill(args: argparse.Namespace) -> int:
         level=level,
         atol=float(OmegaConf.select(cfg, "drill.atol", default=0.0)),
         rtol=float(OmegaConf.select(cfg, "drill.rtol", default=0.0)),
+        dvc=args.dvc,
     )
     report = drill.run(plan, kills=args.kills, seed=args.seed, trust=_trust(args))
     reached = sum(k["reached"] for k in report.kills)
@@ -552,6 +553,11 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--out", help="where the runs, drill.json and drill.png go")
     p.add_argument("--script", default="train.py", help="the training script (default train.py)")
     p.add_argument("--preflight", metavar="PATH", help="check one real checkpoint instead")
+    p.add_argument(
+        "--dvc",
+        action="store_true",
+        help="drill in a throwaway git+DVC repository, pushing, with kills during registration",
+    )
     p.set_defaults(func=cmd_drill)
     reading.append(p)
     p = sub.add_parser("predict", help="serve JSON lines of raw inputs with an inference artifact")

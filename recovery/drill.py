@@ -58,10 +58,16 @@ class Plan:
     level: str = "bitwise"
     atol: float = 0.0
     rtol: float = 0.0
+    dvc: bool = False
+    """Drill inside a throwaway git + DVC repository, pushing, with kills during registration."""
 
 
-def choose_points(rng: random.Random, *, steps: int, every: int, kills: int) -> list[str]:
+def choose_points(
+    rng: random.Random, *, steps: int, every: int, kills: int, dvc: bool = False
+) -> list[str]:
     """``kills`` kill points in the order the run reaches them, every commit phase included.
+
+    With ``dvc``, the phase "during DVC registration" (``dvc-register-N``) is one of them.
 
     Each commit phase is drawn once at a random checkpoint step (when ``kills`` allows);
     the rest are random step boundaries. Points are strictly increasing in
@@ -70,16 +76,26 @@ def choose_points(rng: random.Random, *, steps: int, every: int, kills: int) -> 
     ckpts = [s for s in range(every, steps, every)]
     if not ckpts:
         raise DrillError(f"drill: no checkpoint before step {steps} with every_steps={every}")
-    order = {"step": 3, "write": 0, "before-manifest": 1, "before-rename": 2}
+    order = {"step": 4, "write": 0, "before-manifest": 1, "before-rename": 2, "dvc-register": 3}
     chosen: set[tuple[int, str]] = set()
-    for phase in PHASES[: min(kills, len(PHASES))]:
+    limit = steps
+    if dvc:
+        # registration runs on a background thread while training goes on, so after that
+        # kill the run may already be further: it comes last, at the last checkpoint
+        limit = ckpts[-1]
+        chosen.add((limit, "dvc-register"))
+        ckpts = [c for c in ckpts if c < limit] or ckpts
+    for phase in PHASES[: min(kills - len(chosen), len(PHASES))]:
         chosen.add((rng.choice(ckpts), phase))
     while len(chosen) < kills:
-        chosen.add((rng.randrange(1, steps), "step"))
+        chosen.add((rng.randrange(1, limit), "step"))
     ranked = sorted(chosen, key=lambda p: (p[0], order[p[1]]))
     # two commit phases of one checkpoint: the later one is reached only after the resume
     # re-saves that step, which is fine; the same point twice is not possible (a set)
-    return [f"step-{s}" if ph == "step" else f"commit-{ph}-{s}" for s, ph in ranked]
+    return [
+        f"step-{s}" if ph == "step" else f"{ph}-{s}" if ph == "dvc-register" else f"commit-{ph}-{s}"
+        for s, ph in ranked
+    ]
 
 
 def _train(plan: Plan, root: Path, extra: list[str], *, pause_at: str | None) -> tuple[int, str]:
@@ -184,17 +200,23 @@ def run(plan: Plan, *, kills: int, seed: int, trust: TrustStore) -> Report:
     """Run the reference, the drilled victim (``kills`` kills) and the comparison."""
     started = time.time()
     rng = random.Random(seed)
-    points = choose_points(rng, steps=plan.steps, every=plan.every, kills=kills)
+    points = choose_points(rng, steps=plan.steps, every=plan.every, kills=kills, dvc=plan.dvc)
+    extra: list[str] = []
+    if plan.dvc:
+        _dvc_repo(plan.out)
+        extra = ["checkpoint.dvc.push=true"]
+    else:
+        extra = ["checkpoint.dvc.enabled=false"]
     log.info("drill: %d kill points: %s", len(points), ", ".join(points))
     ref_root, vic_root = plan.out / "reference", plan.out / "victim"
-    code, _ = _train(plan, ref_root, [], pause_at=None)
+    code, _ = _train(plan, ref_root, ["checkpoint.dvc.enabled=false"], pause_at=None)
     if code != 0:
         raise DrillError(
             f"drill: the reference run failed (exit {code}); see {ref_root / 'drill.log'}"
         )
     kill_log: list[dict[str, Any]] = []
     for point in points:
-        code, hit = _train(plan, vic_root, ["+resume=latest"], pause_at=point)
+        code, hit = _train(plan, vic_root, [*extra, "+resume=latest"], pause_at=point)
         if not hit:
             kill_log.append({"point": point, "reached": False, "exit": code})
             if code != 0:
@@ -203,7 +225,7 @@ def run(plan: Plan, *, kills: int, seed: int, trust: TrustStore) -> Report:
                 )
             break
         kill_log.append({"point": point, "reached": True, "exit": code})
-    code, _ = _train(plan, vic_root, ["+resume=latest"], pause_at=None)
+    code, _ = _train(plan, vic_root, [*extra, "+resume=latest"], pause_at=None)
     if code != 0:
         raise DrillError(
             f"drill: the final resume failed (exit {code}); see {vic_root / 'drill.log'}"
@@ -214,6 +236,8 @@ def run(plan: Plan, *, kills: int, seed: int, trust: TrustStore) -> Report:
     unreached = [k["point"] for k in kill_log if not k["reached"]]
     if unreached:
         diffs.append(f"kill points never reached: {unreached}")
+    if plan.dvc:
+        diffs += _dvc_complete(vic_run)
     report = Report(
         passed=not diffs,
         level=plan.level,
@@ -226,6 +250,43 @@ def run(plan: Plan, *, kills: int, seed: int, trust: TrustStore) -> Report:
     report.plot = str(_plot(plan, ref_run, vic_run, report))
     (plan.out / DRILL_FILE).write_text(json.dumps(asdict(report), indent=1))
     return report
+
+
+def _dvc_repo(out: Path) -> None:
+    """Make ``out`` a throwaway git + DVC repository with a local default remote."""
+    out.mkdir(parents=True, exist_ok=True)
+    env = {**os.environ, "DVC_NO_ANALYTICS": "1"}
+    dvc = str(Path(sys.executable).with_name("dvc"))
+    for cmd in (
+        ["git", "init", "-q"],
+        [dvc, "init", "-q"],
+        [dvc, "config", "core.analytics", "false"],
+        [dvc, "config", "cache.type", "hardlink,symlink"],
+        [dvc, "remote", "add", "-d", "local", str(out / "remote")],
+    ):
+        subprocess.run(cmd, cwd=out, env=env, check=True, capture_output=True)
+
+
+def _dvc_complete(run_dir: Path) -> list[str]:
+    """After the drill, every committed checkpoint must be registered and pushed (after a sync)."""
+    from recovery import tracking
+    from recovery.layout import scan
+
+    root = tracking.find_repo(run_dir)
+    if root is None:
+        return [f"{run_dir}: not inside the drill's DVC repository"]
+    publisher = tracking.Publisher(root, push=True)
+    state = tracking.status(run_dir)
+    for _, path in scan(run_dir).committed:
+        if not (state.get(path.name) and state[path.name].pushed):
+            publisher.submit(path)  # what a kill left pending: `recovery sync` does the same
+    publisher.close(120)
+    state = tracking.status(run_dir)
+    return [
+        f"{path.name}: not registered and pushed after a sync"
+        for _, path in scan(run_dir).committed
+        if not (state.get(path.name) and state[path.name].pushed)
+    ]
 
 
 def _plot(plan: Plan, ref: Path, victim: Path, report: Report) -> Path:

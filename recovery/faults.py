@@ -7,7 +7,8 @@ sleeps until it is killed. Points are ``step-<N>`` (after step N is recorded),
 and ``commit-<phase>-<N>`` inside the commit of step N's checkpoint, with phase
 ``write`` (a tensor file half written), ``before-manifest`` (all data files
 durable, manifest not yet written) and ``before-rename`` (manifest durable,
-directory not yet renamed).
+directory not yet renamed), and ``dvc-register-<N>`` (the background DVC
+publisher about to register step N's committed checkpoint).
 
 With ``RECOVERY_PAUSE_RELEASE=<file>`` as well, the pause ends when that file
 appears (the driver can send a signal first, then let the process go on to

@@ -36,6 +36,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+from recovery import faults
 from recovery.errors import TrackingError
 from recovery.layout import parse_step
 
@@ -288,6 +289,9 @@ class Publisher:
             try:
                 if not ckpt.is_dir():
                     return  # replaced or removed meanwhile
+                step = parse_step(ckpt.name)
+                if step is not None and attempt == 0:
+                    faults.reach(f"dvc-register-{step}")
                 register(self.root, [ckpt])
                 record(ckpt.parent, ckpt.name, registered=True)
                 if self.push:

@@ -61,3 +61,14 @@ def test_drill_fails_when_a_piece_of_state_is_not_restored(
         assert any("batch differs" in d for d in report["differences"])
     else:
         assert any("loss" in d or "final" in d for d in report["differences"])
+
+
+def test_drill_with_kills_during_dvc_registration(tmp_path, data_root, monkeypatch, capsys):
+    monkeypatch.chdir(ROOT)
+    monkeypatch.delenv("RECOVERY_DRILL_DROP", raising=False)
+    code = cli.main(drill_args(tmp_path, data_root, "--kills", "5", "--seed", "1", "--dvc"))
+    capsys.readouterr()
+    saved = json.loads((tmp_path / "drill" / "drill.json").read_text())
+    assert code == 0, saved["differences"]
+    assert saved["passed"]
+    assert any(k["point"].startswith("dvc-register-") and k["reached"] for k in saved["kills"])

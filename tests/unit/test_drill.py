@@ -56,3 +56,14 @@ def test_preflight_passes_on_a_real_checkpoint_and_fails_on_a_wrong_record(
     with pytest.raises(DrillError, match="next batch: restored"):
         drill.preflight(tmp_path / "run" / step_dir_name(4), trust)
     ck.close()
+
+
+def test_dvc_registration_kill_comes_last():
+    points = drill.choose_points(random.Random(2), steps=60, every=10, kills=6, dvc=True)
+    assert points[-1] == "dvc-register-50"
+    assert all(int(p.rsplit("-", 1)[1]) < 50 for p in points[:-1])
+    assert {p.rsplit("-", 1)[0] for p in points if p.startswith("commit-")} == {
+        "commit-write",
+        "commit-before-manifest",
+        "commit-before-rename",
+    }
