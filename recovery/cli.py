@@ -381,7 +381,13 @@ def cmd_drill(args: argparse.Namespace) -> int:
         rtol=float(OmegaConf.select(cfg, "drill.rtol", default=0.0)),
         dvc=args.dvc,
     )
-    report = drill.run(plan, kills=args.kills, seed=args.seed, trust=_trust(args))
+    report = drill.run(
+        plan,
+        kills=args.kills,
+        seed=args.seed,
+        trust=lambda: _trust(args),
+        allow_untrusted=args.allow_untrusted,
+    )
     reached = sum(k["reached"] for k in report.kills)
     lines = [
         f"drill of {args.script} {' '.join(args.overrides)}: {reached} kills "

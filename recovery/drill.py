@@ -25,6 +25,7 @@ import signal
 import subprocess
 import sys
 import time
+from collections.abc import Callable
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any
@@ -141,7 +142,9 @@ def flat_tensors(tree: Any, prefix: str = "") -> dict[str, torch.Tensor]:
     return out
 
 
-def compare(plan: Plan, ref: Path, victim: Path, trust: TrustStore) -> list[str]:
+def compare(
+    plan: Plan, ref: Path, victim: Path, trust: TrustStore, *, allow_untrusted: bool = False
+) -> list[str]:
     """Every difference between two runs at the plan's level, one line each."""
     a, b = effective_steps(ref / METRICS_FILE), effective_steps(victim / METRICS_FILE)
     diffs: list[str] = []
@@ -158,8 +161,8 @@ def compare(plan: Plan, ref: Path, victim: Path, trust: TrustStore) -> list[str]
             if not ok:
                 diffs.append(f"step {step}: {key} {x!r} (reference) vs {y!r} (drilled)")
     last = step_dir_name(plan.steps)
-    ta = resume.load(ref / last, trust).decoded.tree
-    tb = resume.load(victim / last, trust).decoded.tree
+    ta = resume.load(ref / last, trust, allow_untrusted=allow_untrusted).decoded.tree
+    tb = resume.load(victim / last, trust, allow_untrusted=allow_untrusted).decoded.tree
     for component in ("model", "optimizer"):
         fa, fb = flat_tensors(ta.get(component)), flat_tensors(tb.get(component))
         for key in sorted(fa.keys() | fb.keys()):
@@ -196,8 +199,19 @@ class Report:
     plot: str | None = None
 
 
-def run(plan: Plan, *, kills: int, seed: int, trust: TrustStore) -> Report:
-    """Run the reference, the drilled victim (``kills`` kills) and the comparison."""
+def run(
+    plan: Plan,
+    *,
+    kills: int,
+    seed: int,
+    trust: Callable[[], TrustStore],
+    allow_untrusted: bool = False,
+) -> Report:
+    """Run the reference, the drilled victim (``kills`` kills) and the comparison.
+
+    ``trust`` is called after the runs: on a fresh machine the first run is what
+    creates the local dev key that signed them.
+    """
     started = time.time()
     rng = random.Random(seed)
     points = choose_points(rng, steps=plan.steps, every=plan.every, kills=kills, dvc=plan.dvc)
@@ -231,7 +245,7 @@ def run(plan: Plan, *, kills: int, seed: int, trust: TrustStore) -> Report:
             f"drill: the final resume failed (exit {code}); see {vic_root / 'drill.log'}"
         )
     ref_run, vic_run = ref_root / "drill", vic_root / "drill"
-    diffs = compare(plan, ref_run, vic_run, trust)
+    diffs = compare(plan, ref_run, vic_run, trust(), allow_untrusted=allow_untrusted)
     resumes = [int(r["step"]) for r in read(vic_run / METRICS_FILE) if r.get("event") == "resume"]
     unreached = [k["point"] for k in kill_log if not k["reached"]]
     if unreached:

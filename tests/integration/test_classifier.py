@@ -76,7 +76,6 @@ def test_drill_passes_on_the_classifier_with_workers_amp_and_async_saves(
             "--out",
             str(tmp_path / "drill"),
             "--json",
-            "--allow-untrusted",
         ]
     )
     report = json.loads(capsys.readouterr().out)

@@ -22,7 +22,6 @@ def drill_args(tmp_path, data_root, *extra: str) -> list[str]:
         "--out",
         str(tmp_path / "drill"),
         "--json",
-        "--allow-untrusted",
     ]
 
 
