@@ -58,6 +58,21 @@ def _quiet() -> Iterator[None]:
         yield
 
 
+def _dvc_logging() -> None:
+    """Route DVC's log records through ours, warnings and up.
+
+    ``import dvc`` installs handlers bound to the ``sys.stderr`` of that moment
+    (in a test, a capture stream that is closed later, and then every ``dvc add``
+    fails "to log"); its INFO lines ("To track the changes with git, ...") are
+    noise in a training log.
+    """
+    dvc_log = logging.getLogger("dvc")
+    for handler in list(dvc_log.handlers):
+        dvc_log.removeHandler(handler)
+    dvc_log.propagate = True
+    dvc_log.setLevel(logging.WARNING)
+
+
 def find_repo(path: Path) -> Path | None:
     """The root of the DVC repository containing ``path``, or ``None``."""
     current = path.resolve()
@@ -76,12 +91,15 @@ def _repo(root: Path) -> Any:
     with _quiet():
         from dvc.repo import Repo
 
+        _dvc_logging()
         return Repo(str(root))
 
 
 def _lock_error() -> type[Exception]:
     with _quiet():
         from dvc.lock import LockError
+
+        _dvc_logging()
 
         error: type[Exception] = LockError
         return error
