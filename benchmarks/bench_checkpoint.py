@@ -115,15 +115,12 @@ def timed(fn: Callable[[], Any]) -> float:
 def peak_rss_child(size_gb: float, workdir: Path) -> float:
     """Extra peak RSS of an async save (stage + background commit), in state sizes,
     measured in a fresh child process."""
-    cmd = [
-        sys.executable,
-        __file__,
-        "--peak-child",
-        "--dir",
-        str(workdir),
-        "--size-gb",
-        str(size_gb),
-    ]
+    return _child(["--peak-child"], workdir, size_gb)
+
+
+def _child(mode: list[str], work: Path, size_gb: float) -> float:
+    """Run this script in a fresh process in ``mode``; return the number it prints last."""
+    cmd = [sys.executable, __file__, *mode, "--dir", str(work), "--size-gb", str(size_gb)]
     out = subprocess.run(cmd, capture_output=True, text=True, check=True)
     return float(out.stdout.strip().splitlines()[-1])
 
@@ -303,18 +300,7 @@ def main(argv: list[str] | None = None) -> int:
 
 def load_in_child(kind: str, work: Path, size_gb: float) -> float:
     """Seconds one load takes in a fresh process (the load call alone is timed)."""
-    cmd = [
-        sys.executable,
-        __file__,
-        "--load-child",
-        kind,
-        "--dir",
-        str(work),
-        "--size-gb",
-        str(size_gb),
-    ]
-    out = subprocess.run(cmd, capture_output=True, text=True, check=True)
-    return float(out.stdout.strip().splitlines()[-1])
+    return _child(["--load-child", kind], work, size_gb)
 
 
 def child_load(kind: str, work: Path, size_gb: float) -> float:

@@ -206,16 +206,7 @@ def audit(
     while ref is not None:
         digest = str(ref.get("sha256"))
         if digest in seen:
-            links.append(
-                Link(
-                    relation,
-                    str(ref.get("name")),
-                    ref.get("step"),
-                    digest,
-                    FAILED,
-                    error="lineage loops back on itself",
-                )
-            )
+            links.append(_from_ref(relation, ref, FAILED, error="lineage loops back on itself"))
             break
         seen.add(digest)
         seg = _segment(segments, ref)
@@ -225,16 +216,7 @@ def audit(
                 loaded = resume.load(where, trust, allow_untrusted=allow_untrusted)
             except RecoveryError as err:
                 links.append(
-                    Link(
-                        relation,
-                        where.name,
-                        ref.get("step"),
-                        digest,
-                        FAILED,
-                        str(where),
-                        error=str(err),
-                        exception=err,
-                    )
+                    _from_ref(relation, ref, FAILED, path=str(where), error=str(err), exception=err)
                 )
                 ref, relation, prov_newer = _jump(segments, seg)
                 continue
@@ -246,18 +228,7 @@ def audit(
             prov_newer = prov_older
             ref, relation = _next(loaded.manifest.recovery)
         else:
-            links.append(
-                Link(
-                    relation,
-                    str(ref.get("name")),
-                    ref.get("step"),
-                    digest,
-                    PRUNED,
-                    path=str(ref.get("path")),
-                    purpose=ref.get("purpose"),
-                    run_id=ref.get("run_id"),
-                )
-            )
+            links.append(_from_ref(relation, ref, PRUNED))
             ref, relation, prov_newer = _jump(segments, seg)
     for link in links:
         if link.relation in ("resume", "warm_start"):
@@ -265,6 +236,19 @@ def audit(
             if src_seg and src_seg.get("drift"):
                 link.drift = sorted({*link.drift, *(d.split(":", 1)[0] for d in src_seg["drift"])})
     return Report(str(path), links, segments)
+
+
+def _from_ref(relation: str, ref: dict[str, Any], status: str, **extra: Any) -> Link:
+    """A link described only by what the newer artifact recorded about it."""
+    fields: dict[str, Any] = {
+        "path": str(ref.get("path")),
+        "purpose": ref.get("purpose"),
+        "run_id": ref.get("run_id"),
+        **extra,
+    }
+    return Link(
+        relation, str(ref.get("name")), ref.get("step"), str(ref.get("sha256")), status, **fields
+    )
 
 
 def _segment(segments: list[dict[str, Any]], ref: dict[str, Any]) -> dict[str, Any] | None:

@@ -147,8 +147,8 @@ class Checkpointer:
             )
             if loaded is not None:
                 return self._resume(state, loaded)
-        elif scan(self.run_dir).committed:
-            newest = scan(self.run_dir).committed[-1][0]
+        elif committed := scan(self.run_dir).committed:
+            newest = committed[-1][0]
             raise RunDirInUseError(
                 f"{self.run_dir}: already holds checkpoints up to step {newest}. "
                 "Pass +resume=latest to continue that run, or choose another run.name= "
