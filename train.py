@@ -1,16 +1,19 @@
 """``python train.py [overrides]``: train the configured recipe, or resume it.
 
-``+resume=latest|<step>|<path>`` continues a run exactly; see README.md.
+``+resume=latest|<step>|<path>`` continues a run exactly; see README.md. Under
+``torchrun`` each rank runs this same script.
 """
 
 from __future__ import annotations
 
 import sys
+import traceback
 
 import hydra
 from omegaconf import DictConfig
 
 import recipes
+from recovery import distributed
 from recovery.cli import report
 from recovery.errors import RecoveryError
 
@@ -21,6 +24,13 @@ def main(cfg: DictConfig) -> None:
         code = recipes.run(cfg)
     except RecoveryError as err:
         code = report(err)
+    except BaseException:
+        if not distributed.launched():
+            raise
+        traceback.print_exc()
+        code = 1
+    if distributed.launched():
+        distributed.exit_now(code)
     if code:
         sys.exit(code)
 

@@ -23,10 +23,20 @@ import torch
 from omegaconf import DictConfig, OmegaConf
 from tqdm import tqdm
 
-from recovery import faults, provenance, trust
+from recovery import distributed, faults, provenance, trust
 from recovery.checkpointer import Checkpointer
-from recovery.config import CheckpointConfig, RunConfig, SigningConfig, TrainConfig, typed
-from recovery.errors import Preempted
+from recovery.config import (
+    CheckpointConfig,
+    DistConfig,
+    HealthConfig,
+    RunConfig,
+    SigningConfig,
+    TrainConfig,
+    typed,
+)
+from recovery.distributed import World
+from recovery.errors import ConfigError, Preempted
+from recovery.health import WARN, HealthMonitor, UpdateProbe, Verdict
 from recovery.journal import Journal
 from recovery.layout import METRICS_FILE
 from recovery.preemption import PreemptionGuard
@@ -74,6 +84,41 @@ def hydra_overrides() -> list[str]:
     return list(HydraConfig.get().overrides.task)
 
 
+def join(cfg: DictConfig) -> tuple[World, str]:
+    """Join the ``torchrun`` job this process belongs to (if any): its world and strategy.
+
+    Ranks other than 0 log warnings only, so the job's log reads like one process's.
+    """
+    dc = typed(DistConfig, OmegaConf.select(cfg, "dist", default=None), key="dist")
+    world = distributed.setup(dc)
+    if not world.leader:
+        logging.getLogger().setLevel(logging.WARNING)
+    return world, dc.strategy
+
+
+def parallelize(
+    model: torch.nn.Module, world: World, strategy: str, *, parts: list[torch.nn.Module]
+) -> torch.nn.Module:
+    """The module a step calls: ``model`` itself, DDP around it, or ``model`` sharded in place.
+
+    ``parts`` are the submodules FSDP2 shards as units of their own (the rest
+    is sharded with the root). Build the optimizer *after* this: FSDP2
+    replaces the parameters with sharded ones.
+    """
+    if not world.distributed:
+        return model
+    if strategy == "fsdp":
+        from torch.distributed.fsdp import fully_shard
+
+        for part in parts:
+            fully_shard(part)
+        fully_shard(model)
+        return model
+    from torch.nn.parallel import DistributedDataParallel
+
+    return DistributedDataParallel(model)
+
+
 def make_checkpointer(
     cfg: DictConfig,
     ck: CheckpointConfig,
@@ -84,10 +129,12 @@ def make_checkpointer(
     model_cfg: dict[str, object],
     journal: Journal,
     preemption: PreemptionGuard | None = None,
+    world: World = distributed.SINGLE,
+    strategy: str = "ddp",
 ) -> Checkpointer:
     """A checkpointer wired to the run's signer, trust store, provenance and purposes."""
     signing_cfg = typed(SigningConfig, cfg.signing, key="signing")
-    signer = trust.resolve_signer(signing_cfg)
+    signer = distributed.leader_first(partial(trust.resolve_signer, signing_cfg))
     resolved = {str(k): v for k, v in OmegaConf.to_container(cfg, resolve=True).items()}  # type: ignore[union-attr]
     redacted, _ = provenance.redact(resolved)
     return Checkpointer(
@@ -112,7 +159,40 @@ def make_checkpointer(
         },
         journal=journal,
         preemption=preemption,
+        world=world,
+        seed=int(cfg.seed),
+        strategy=strategy,
     )
+
+
+def health_monitor(
+    cfg: DictConfig, state: TrainState
+) -> tuple[HealthMonitor | None, UpdateProbe | None]:
+    """The run's health monitor, registered in ``state`` as ``health``, and its update probe.
+
+    ``(None, None)`` with ``health.enabled=false``; no probe without a registered model.
+    """
+    hc = typed(HealthConfig, OmegaConf.select(cfg, "health", default=None), key="health")
+    if not hc.enabled:
+        return None, None
+    monitor = HealthMonitor(hc)
+    state.add("health", monitor)
+    model = state.components.get("model")
+    probe = (
+        UpdateProbe(model.parameters(), hc.sample) if isinstance(model, torch.nn.Module) else None
+    )
+    return monitor, probe
+
+
+def report(journal: Journal, step: int, verdict: Verdict | None) -> None:
+    """Log a resume-health verdict (a warning when it departed) and journal it."""
+    if verdict is None:
+        return
+    if verdict.status == WARN:
+        log.warning("%s", verdict.describe())
+    else:
+        log.info("%s", verdict.describe())
+    journal.write({**verdict.record(), "step": step})
 
 
 def train(
@@ -124,6 +204,8 @@ def train(
     data_root: Path,
     model_cfg: dict[str, object],
     examples: int,
+    world: World = distributed.SINGLE,
+    strategy: str = "ddp",
 ) -> int:
     """Restore ``state`` as ``cfg`` asks, run ``one_step`` to ``train.steps``, checkpoint; return 0.
 
@@ -136,12 +218,19 @@ def train(
         data_root: the dataset the run reads (its version goes into provenance).
         model_cfg: what rebuilds the model (for warm starts).
         examples: the dataset's size, for the log.
+        world: this rank and the job's size (:func:`join`); rank 0 alone journals.
+        strategy: the job's parallelism, recorded in its checkpoints.
     """
+    if distributed.launched() and not world.distributed:
+        raise ConfigError(
+            f"recipe {OmegaConf.select(cfg, 'recipe.name')}: does not run under torchrun yet; "
+            "start it with python, or use recipe=embedding"
+        )
     ck = typed(CheckpointConfig, cfg.checkpoint, key="checkpoint")
     run_cfg = typed(RunConfig, cfg.run, key="run")
     steps = typed(TrainConfig, cfg.train, key="train")
     run_dir = Path(ck.root) / run_cfg.name
-    journal = Journal(run_dir / METRICS_FILE)
+    journal = Journal(run_dir / METRICS_FILE if world.leader else None)
     guard = PreemptionGuard(ck.preempt_signals)
     ckpt = make_checkpointer(
         cfg,
@@ -152,7 +241,10 @@ def train(
         model_cfg=model_cfg,
         journal=journal,
         preemption=guard,
+        world=world,
+        strategy=strategy,
     )
+    monitor, probe = health_monitor(cfg, state)
     step = ckpt.restore(
         state,
         OmegaConf.select(cfg, "resume", default=None),
@@ -160,12 +252,20 @@ def train(
     )
     log.info("run %s: step %d of %d, %d examples", run_dir, step, steps.steps, examples)
     # a progress bar on a terminal; plain log lines (below) everywhere else
-    bar = tqdm(total=steps.steps, initial=step, unit="step", disable=not sys.stderr.isatty())
+    bar = tqdm(
+        total=steps.steps,
+        initial=step,
+        unit="step",
+        disable=not (sys.stderr.isatty() and world.leader),
+    )
     guard.install()
     try:
         while step < steps.steps:
+            if probe is not None:
+                probe.before()
             result = one_step()
             step += 1
+            update = probe.after() if probe is not None else None
             journal.write(
                 {
                     "step": step,
@@ -173,9 +273,16 @@ def train(
                     "loss": result.loss,
                     "lr": result.lr,
                     "batch": result.batch,
+                    **({"update": update} if update is not None else {}),
                 }
             )
             bar.update(1)
+            if monitor is not None:
+                report(
+                    journal,
+                    step,
+                    monitor.observe(step, loss=result.loss, lr=result.lr, update=update),
+                )
             ckpt.maybe_save(state, step, metrics=partial(metrics, result.loss))
             if step % steps.log_every == 0 or step == steps.steps:
                 bar.set_postfix(loss=f"{result.loss:.4f}", epoch=result.epoch)
@@ -183,6 +290,8 @@ def train(
                     "step %d epoch %d loss %.4f lr %.2e", step, result.epoch, result.loss, result.lr
                 )
             faults.reach(f"step-{step}")
+        if monitor is not None:
+            report(journal, step, monitor.finish())
         ckpt.close()
     except Preempted:
         ckpt.close()

@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import logging
 from dataclasses import dataclass, field
+from functools import partial
 from pathlib import Path
 
 import torch
@@ -19,7 +20,9 @@ from torch import nn
 from recipes import common
 from recipes.common import seed_everything, warmup_cosine
 from recipes.data import DataConfig, Interactions, load
+from recovery import distributed
 from recovery.config import TrainConfig, typed
+from recovery.distributed import World
 from recovery.errors import ConfigError
 from recovery.sampler import ResumableSampler
 from recovery.state import TrainState
@@ -84,7 +87,8 @@ class DotProduct(nn.Module):
         self.item = nn.Embedding(num_items, dim)
         self.user_bias = nn.Embedding(num_users, 1)
         self.item_bias = nn.Embedding(num_items, 1)
-        self.bias = nn.Parameter(torch.zeros(()))
+        # shape (1,), not (): FSDP2 shards along dim 0 and refuses scalars
+        self.bias = nn.Parameter(torch.zeros(1))
         self.drop = nn.Dropout(dropout)
         nn.init.normal_(self.user.weight, std=0.1)
         nn.init.normal_(self.item.weight, std=0.1)
@@ -131,17 +135,32 @@ def evaluate(model: nn.Module, data: Interactions) -> dict[str, float]:
 
 
 def build(
-    rc: EmbeddingConfig, data: Interactions, *, seed: int, total_steps: int
-) -> tuple[DotProduct, TrainState]:
-    """The model and the full training state of a fresh run."""
+    rc: EmbeddingConfig,
+    data: Interactions,
+    *,
+    seed: int,
+    total_steps: int,
+    world: World = distributed.SINGLE,
+    strategy: str = "ddp",
+) -> tuple[nn.Module, TrainState]:
+    """The module to call and the full training state of a fresh run.
+
+    In a ``torchrun`` job every rank builds the same initial weights (same
+    seed), then ``ddp`` wraps them for gradient averaging (the state holds
+    the unwrapped, replicated module) or ``fsdp`` shards them in place; each
+    rank's random streams are then seeded apart, from (seed, 0, rank).
+    """
     seed_everything(seed)
     model = DotProduct(rc.data.num_users, rc.data.num_items, rc.model.dim, rc.model.dropout)
+    net = common.parallelize(model, world, strategy, parts=[model.user, model.item])
     opt = torch.optim.Adam(model.parameters(), lr=rc.optim.lr, weight_decay=rc.optim.weight_decay)
     sched = torch.optim.lr_scheduler.LambdaLR(
         opt, warmup_cosine(rc.optim.warmup_steps, total_steps, rc.optim.min_lr_ratio)
     )
     sampler = ResumableSampler(data.num_train, rc.batch_size, seed)
-    return model, TrainState(model=model, optimizer=opt, scheduler=sched, sampler=sampler)
+    if world.distributed:
+        distributed.reseed(seed, 0, world.rank)
+    return net, TrainState(model=model, optimizer=opt, scheduler=sched, sampler=sampler)
 
 
 def model_config(rc: EmbeddingConfig) -> dict[str, object]:
@@ -160,26 +179,36 @@ def run(cfg: DictConfig) -> int:
     """Train (or resume, or warm-start) the embedding recipe as ``cfg`` says; return 0."""
     rc = typed(EmbeddingConfig, cfg.recipe, key="recipe")
     train = typed(TrainConfig, cfg.train, key="train")
-    data = load(rc.data)
-    model, state = build(rc, data, seed=int(cfg.seed), total_steps=train.steps)
+    world, strategy = common.join(cfg)
+    if rc.batch_size % world.size:
+        raise ConfigError(
+            f"recipe.batch_size: {rc.batch_size} does not split over {world.size} ranks; "
+            "choose a multiple of the world size"
+        )
+    data = distributed.leader_first(partial(load, rc.data))
+    net, state = build(
+        rc, data, seed=int(cfg.seed), total_steps=train.steps, world=world, strategy=strategy
+    )
+    model = state.components["model"]
     opt = state.components["optimizer"]
     sched = state.components["scheduler"]
     sampler: ResumableSampler = state.components["sampler"]
     loss_fn = nn.BCEWithLogitsLoss()
 
     def one_step() -> common.StepResult:
-        epoch, ids = sampler.next_batch()
-        index = torch.from_numpy(ids)
+        epoch, ids = sampler.next_batch()  # the global batch: every rank draws the same
+        index = torch.from_numpy(ids[world.rank :: world.size])  # this rank's slice
         lr = float(opt.param_groups[0]["lr"])
-        logits = model(data.users[index], data.items[index])
+        logits = net(data.users[index], data.items[index])
         loss = loss_fn(logits, data.labels[index])
         opt.zero_grad(set_to_none=True)
         loss.backward()
         opt.step()
         sched.step()
-        return common.StepResult(epoch, ids.tolist(), float(loss.item()), lr)
+        # the global batch's loss (the mean over ranks), the same number at any world size
+        return common.StepResult(epoch, ids.tolist(), float(distributed.mean(loss).item()), lr)
 
-    model.train()
+    net.train()
     return common.train(
         cfg,
         state,
@@ -188,4 +217,6 @@ def run(cfg: DictConfig) -> int:
         data_root=Path(rc.data.root),
         model_cfg=model_config(rc),
         examples=len(data),
+        world=world,
+        strategy=strategy,
     )

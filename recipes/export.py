@@ -27,7 +27,7 @@ from torch import nn
 
 from recipes.data import Interactions, load
 from recipes.embedding import DotProduct, EmbeddingConfig
-from recovery import export, resume, trust
+from recovery import export, resume, sharded, trust
 from recovery.config import CheckpointConfig, RunConfig, SigningConfig, typed
 from recovery.errors import ConfigError, ExportError
 
@@ -173,11 +173,13 @@ def run(cfg: DictConfig) -> int:
             f"export: no verified checkpoint in {run_dir}; train first (python train.py)"
         )
     data = load(rc.data, create=False)
+    # a torchrun checkpoint keeps its weights in dcp/: read them whole, here
+    tree = sharded.tree_with_model(source.decoded.tree, source.path, source.decoded.meta)
     out = Path(ex.out)
     export.write_artifact(
         out,
         source,
-        spec_for(source.decoded.tree, data, export.DTYPES[ex.dtype]),
+        spec_for(tree, data, export.DTYPES[ex.dtype]),
         dtype=ex.dtype,
         signer=signer,
         root=Path(ck.root),
@@ -187,7 +189,7 @@ def run(cfg: DictConfig) -> int:
         recorded = source.decoded.meta.get("metrics", {}).get("val_logloss")
         result = parity(
             predictor,
-            source.decoded.tree,
+            tree,
             rc,
             data,
             dtype=ex.dtype,

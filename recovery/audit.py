@@ -50,6 +50,9 @@ class Link:
     code: dict[str, Any] | None = None
     dataset: str | None = None
     world_size: int | None = None
+    """How many ranks wrote it (``torchrun``); 1 for a single process."""
+    resharded: dict[str, Any] | None = None
+    """On a resume link: the world size changed there (``from``, ``to``)."""
     drift: list[str] = field(default_factory=list)
     """What changed between this link and the newer one above it (code, dependencies, ...)."""
     error: str | None = None
@@ -235,6 +238,8 @@ def audit(
             src_seg = _source_segment(segments, link.sha256)
             if src_seg and src_seg.get("drift"):
                 link.drift = sorted({*link.drift, *(d.split(":", 1)[0] for d in src_seg["drift"])})
+            if src_seg and src_seg.get("resharded"):
+                link.resharded = src_seg["resharded"]
     return Report(str(path), links, segments)
 
 

@@ -22,14 +22,28 @@ from typing import Any
 import torch
 import yaml
 
-from recovery import codec, commit, lineage, policy, purpose, reader, resume, snapshot, tracking
+from recovery import (
+    codec,
+    commit,
+    distributed,
+    lineage,
+    multirank,
+    policy,
+    purpose,
+    reader,
+    resume,
+    sharded,
+    snapshot,
+    tracking,
+)
 from recovery import provenance as prov
 from recovery import restore as begin
 from recovery.cadence import Cadence, process_age_s
 from recovery.config import CheckpointConfig
+from recovery.distributed import World
 from recovery.errors import Preempted, PurposeError, RecoveryError, RunDirInUseError
 from recovery.journal import Journal
-from recovery.layout import BEST_DIR, scan, step_dir_name
+from recovery.layout import BEST_DIR, DISTRIBUTED, scan, step_dir_name
 from recovery.layout import temp_dir_for as layout_temp
 from recovery.manifest import Manifest
 from recovery.preemption import PreemptionGuard
@@ -62,6 +76,10 @@ class Checkpointer:
         journal: the run's ``metrics.jsonl``; start, resume and checkpoint-cost events go there.
         preemption: the run's signal guard; a request turns into a checkpoint and
             :class:`~recovery.errors.Preempted` at the next step boundary.
+        world: this process's rank and the job's size (``torchrun``); every rank
+            runs a checkpointer, rank 0 alone commits (:mod:`recovery.multirank`).
+        seed: the run's seed, from which a resume on another world size reseeds.
+        strategy: the job's parallelism (``ddp``/``fsdp``), recorded in checkpoints.
     """
 
     def __init__(
@@ -79,7 +97,17 @@ class Checkpointer:
         purposes: Mapping[str, PurposeSpec] | None = None,
         journal: Journal | None = None,
         preemption: PreemptionGuard | None = None,
+        world: World = distributed.SINGLE,
+        seed: int = 0,
+        strategy: str = "ddp",
     ) -> None:
+        multirank.check_supported(
+            world, async_save=cfg.async_save, warm_start_every=cfg.warm_start_every
+        )
+        self.world = world
+        self.seed = seed
+        self.strategy = strategy
+        self.resharded: dict[str, Any] | None = None
         self.cfg = cfg
         self.run_dir = run_dir
         self.root = run_dir.parent
@@ -102,7 +130,7 @@ class Checkpointer:
         self.preemption = preemption
         self.cadence = Cadence(cfg, final_step=final_step)
         self._writer = BackgroundWriter() if cfg.async_save else None
-        repo = tracking.find_repo(run_dir) if cfg.dvc.enabled else None
+        repo = tracking.find_repo(run_dir) if cfg.dvc.enabled and world.leader else None
         self.publisher = (
             tracking.Publisher(repo, push=cfg.dvc.push, remote=cfg.dvc.remote) if repo else None
         )
@@ -139,12 +167,22 @@ class Checkpointer:
             DriftError: ``checkpoint.strict_resume`` and something changed.
             IncompatibleStateError: it does not fit ``state``; nothing was changed.
         """
-        self.run_dir.mkdir(parents=True, exist_ok=True)
-        commit.remove_stale(self.run_dir)
+        if self.world.leader:
+            self.run_dir.mkdir(parents=True, exist_ok=True)
+            commit.remove_stale(self.run_dir)
+        distributed.barrier()
         if resume_spec is not None:
             loaded = resume.select(
                 self.run_dir, resume_spec, self.trust, allow_untrusted=self.allow_untrusted
             )
+            mine = loaded.decoded.step if loaded is not None else -1
+            if not distributed.all_ok(mine == distributed.broadcast_int(mine)):
+                raise RecoveryError(
+                    f"{self.run_dir}: the ranks chose different checkpoints to resume from "
+                    f"(this rank: {loaded.path if loaded else 'none'}); is the checkpoint root "
+                    "one shared filesystem for every node?",
+                    path=self.run_dir,
+                )
             if loaded is not None:
                 return self._resume(state, loaded)
         elif committed := scan(self.run_dir).committed:
@@ -180,8 +218,11 @@ class Checkpointer:
             config=self.config,
             strict=self.cfg.strict_resume,
             root=self.root,
+            world=self.world,
+            seed=self.seed,
         )
         self._adopt(ident)
+        self.resharded = ident.resharded
         self.last_saved = ident.step
         self._event(
             {
@@ -190,6 +231,8 @@ class Checkpointer:
                 "step": ident.step,
                 "skipped": [str(p) for p, _ in loaded.skipped],
                 "drift": ident.drift,
+                "world_size": self.world.size,
+                **({"resharded": ident.resharded} if ident.resharded else {}),
             }
         )
         return ident.step
@@ -235,14 +278,16 @@ class Checkpointer:
         every = self.cfg.warm_start_every
         milestone = every > 0 and step % every == 0
         preempt = self.preemption is not None and self.preemption.requested is not None
-        if not (preempt or milestone or self.cadence.due(step)):
+        # every rank must take the same decision: one collective (a no-op for one process)
+        preempt, due = distributed.any_of(preempt, self.cadence.due(step))
+        if not (preempt or milestone or due):
             return None
         values = metrics() if callable(metrics) else metrics
         if preempt:
             self._preempt(state, step, values)
         if milestone:
             self.save_warm_start(state, step, metrics=values)
-        if not self.cadence.due(step):
+        if not due:
             return None
         return self.save(state, step, metrics=values)
 
@@ -269,7 +314,9 @@ class Checkpointer:
         waited = self._writer.wait() if self._writer is not None else 0.0
         started = time.perf_counter()
         expect = state.expectations(step)
-        if self._writer is None or sync:
+        if self.world.distributed:
+            self._save_ranks(state, final, step, metrics, expect, started)
+        elif self._writer is None or sync:
             tree = state.state_dict()
             parts = {name: codec.split(part) for name, part in tree.items()}
             skeletons = {name: sk for name, (sk, _) in parts.items()}
@@ -304,6 +351,41 @@ class Checkpointer:
         self.last_saved = step
         return final
 
+    def _save_ranks(
+        self,
+        state: TrainState,
+        final: Path,
+        step: int,
+        metrics: dict[str, Any] | None,
+        expect: dict[str, Any],
+        started: float,
+    ) -> None:
+        """A distributed save (:mod:`recovery.multirank`): every rank writes, rank 0 commits."""
+        tmp, groups = multirank.write_parts(state, final, self.world, step)
+        committed = False
+        try:
+            if self.world.leader:
+                names = [n for n in state.components if n not in sharded.SHARDED]
+                tree = {n: state.components[n].state_dict() for n in names}
+                parts = {name: codec.split(part) for name, part in tree.items()}
+                job = self._job(
+                    final,
+                    {name: sk for name, (sk, _) in parts.items()},
+                    {name: ts for name, (_, ts) in parts.items()},
+                    step,
+                    purpose.CONTINUATION,
+                    metrics,
+                    0.0,
+                    expect=expect,
+                    tmp=tmp,
+                    adopt=multirank.adopted(tmp),
+                    extra={DISTRIBUTED: multirank.describe(self.world, self.strategy, groups)},
+                )
+                job(started)
+            committed = True
+        finally:
+            multirank.announce(self.world, committed, final, step)
+
     def save_warm_start(
         self, state: TrainState, step: int, *, metrics: dict[str, Any] | None = None
     ) -> Path:
@@ -332,6 +414,9 @@ class Checkpointer:
         *,
         pause: float | None = None,
         expect: dict[str, Any] | None = None,
+        tmp: Path | None = None,
+        adopt: list[str] | None = None,
+        extra: dict[str, Any] | None = None,
     ) -> Callable[..., Path]:
         """Everything after the snapshot, as a closure that may run on another thread.
 
@@ -345,6 +430,7 @@ class Checkpointer:
             meta[snapshot.MODEL_CONFIG] = self.model_config
         if expect is not None:
             meta["expect"] = expect
+        meta.update(extra or {})
         statement: dict[str, Any] = {
             "step": step,
             "purpose": purpose_name,
@@ -356,9 +442,8 @@ class Checkpointer:
             "parent": self.parent,
             "lineage": list(self.lineage),
             # the drift this run segment resumed across travels with its provenance
-            "provenance": {**self.provenance, "drift": self.drift}
-            if self.drift
-            else self.provenance,
+            "provenance": self._provenance(),
+            "world_size": self.world.size,
             "interval": self.cadence.describe(),
             "started_at": time.time(),
         }
@@ -370,7 +455,14 @@ class Checkpointer:
             )
             have = snapshot.present(skeletons, meta, files, statement)
             purpose.check_contract(purpose_name, spec.requires, have, where=str(final))
-            mf = commit.commit(final, files, {**statement, "components": have}, signer=self.signer)
+            mf = commit.commit(
+                final,
+                files,
+                {**statement, "components": have},
+                signer=self.signer,
+                tmp=tmp,
+                adopt=adopt or (),
+            )
             write_s = time.perf_counter() - started
             if record:
                 self.previous = lineage.link(mf, final, self.root)
@@ -384,6 +476,15 @@ class Checkpointer:
             return final
 
         return run
+
+    def _provenance(self) -> dict[str, Any]:
+        """This process's provenance, with what this run segment resumed across."""
+        extra: dict[str, Any] = {}
+        if self.drift:
+            extra["drift"] = self.drift
+        if self.resharded:
+            extra["resharded"] = self.resharded
+        return {**self.provenance, **extra}
 
     def _keep_best(self, final: Path, mf: Manifest) -> None:
         """Copy ``final`` to ``<run>/best/`` if its metric beats the kept best (atomically).

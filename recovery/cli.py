@@ -445,9 +445,15 @@ def audit_text(report: audit.Report) -> str:
             )
             data = str(link.dataset)
             parts.append(f"data {data[:23] + '…' if len(data) > 24 else data}")
+            if link.world_size is not None:
+                parts.append(f"world {link.world_size}")
         elif link.status == audit.PRUNED:
             parts.append(
                 f"not on disk (deleted by retention), recorded sha256 {str(link.sha256)[:16]}"
+            )
+        if link.resharded:
+            parts.append(
+                f"resharded {link.resharded.get('from')}->{link.resharded.get('to')} ranks"
             )
         if link.drift:
             parts.append("drift since: " + ",".join(link.drift))

@@ -22,7 +22,7 @@ from __future__ import annotations
 import logging
 import os
 import shutil
-from collections.abc import Callable, Mapping
+from collections.abc import Callable, Mapping, Sequence
 from pathlib import Path
 from typing import Any
 
@@ -77,15 +77,23 @@ def commit(
     recovery: dict[str, Any],
     *,
     signer: Signer,
+    tmp: Path | None = None,
+    adopt: Sequence[str] = (),
 ) -> Manifest:
     """Write ``files`` and their signed manifest, then atomically publish them as ``final``.
 
     Args:
         final: the committed directory's path (its parent must exist).
-        files: file name -> bytes, or a tensor mapping written as safetensors, in this order.
+        files: file name (a relative posix path) -> bytes, or a tensor mapping
+            written as safetensors, in this order.
         recovery: the statement's ``recovery`` predicate (must hold ``step``); the
             signer's description is added as ``signer``.
         signer: signs the statement into ``model.sig``.
+        tmp: a temp directory (:func:`~recovery.layout.temp_dir_for`) that already
+            exists, holding files other processes wrote (the ranks of a
+            distributed save); default: a new one.
+        adopt: the files in ``tmp`` to hash (fsynced by their writers) and list
+            in the manifest with ``files``.
 
     Returns:
         The manifest that was committed.
@@ -95,15 +103,18 @@ def commit(
             previously committed checkpoint is untouched.
     """
     step = recovery["step"]
-    tmp = temp_dir_for(final)
-    try:
+    if tmp is None:
+        tmp = temp_dir_for(final)
         tmp.mkdir()
-        records = []
+    try:
+        records = [FileRecord(name, *tensorfile.hash_file(tmp / name)) for name in adopt]
         total = sum(tensorfile.size_of(d) for d in files.values() if not isinstance(d, bytes))
         with bytes_bar(total, f"saving {final.name}") as progress:
             for i, (name, data) in enumerate(files.items()):
                 point = f"commit-write-{step}" if i == 0 else None
-                records.append(write_entry(tmp / name, data, fault_point=point, progress=progress))
+                (tmp / name).parent.mkdir(parents=True, exist_ok=True)
+                rec = write_entry(tmp / name, data, fault_point=point, progress=progress)
+                records.append(FileRecord(name, rec.sha256, rec.size))
         faults.reach(f"commit-before-manifest-{step}")
         statement = manifest.build(final.name, records, {**recovery, "signer": signer.describe()})
         body = manifest.payload(statement)

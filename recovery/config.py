@@ -20,6 +20,11 @@ from recovery.policy import parse_duration
 
 T = TypeVar("T")
 
+BACKTESTS = 10
+"""Past windows, at least, that measure the resume health band."""
+STRATEGIES = ("ddp", "fsdp")
+"""How a ``torchrun`` job parallelises: replicated (DDP) or sharded (FSDP2)."""
+
 _RUN_NAME = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._-]*$")
 
 
@@ -153,6 +158,65 @@ class SigningConfig:
     """Where the local development key is created on first use (git-ignored)."""
     allow_untrusted: bool = False
     """Accept checkpoints signed by keys outside the trust store (signature still checked)."""
+
+
+@dataclass(kw_only=True)
+class HealthConfig:
+    """The resume health monitor (:mod:`recovery.health`)."""
+
+    enabled: bool = True
+    """Record the history and judge each resume."""
+    window: int = 20
+    """Steps after a resume whose mean loss is compared with the history's trend."""
+    fit: int = 30
+    """Steps of history the trend line is fitted to."""
+    history: int = 200
+    """Steps of history each checkpoint carries (also calibrates the band)."""
+    band: float = 5.0
+    """Departure that warns, in units of the history's own prediction error."""
+    sample: int = 4096
+    """Parameter elements the update probe follows (spread over all parameters)."""
+
+    def __post_init__(self) -> None:
+        for name in ("window", "history", "sample"):
+            if getattr(self, name) < 1:
+                raise ConfigError(f"health.{name}: must be >= 1, got {getattr(self, name)}")
+        if self.fit < 3:
+            raise ConfigError(f"health.fit: a trend needs >= 3 steps, got {self.fit}")
+        if self.history < self.min_history:
+            raise ConfigError(
+                f"health.history: must be >= fit + window + {BACKTESTS} = {self.min_history} "
+                f"(the band is measured on the history), got {self.history}"
+            )
+        if self.band <= 0:
+            raise ConfigError(f"health.band: must be positive, got {self.band}")
+
+    @property
+    def min_history(self) -> int:
+        """Recorded steps a resume needs to be judged: a fit, a window and the backtests."""
+        return self.fit + self.window + BACKTESTS
+
+
+@dataclass(kw_only=True)
+class DistConfig:
+    """How a run started by ``torchrun`` parallelises (ignored in a single process)."""
+
+    strategy: str = "ddp"
+    """``ddp``: replicated model and optimizer; ``fsdp``: both sharded (FSDP2 ``fully_shard``)."""
+    backend: str = "auto"
+    """``auto`` (nccl with CUDA, else gloo), ``gloo`` or ``nccl``."""
+    timeout_s: float = 300.0
+    """How long a collective waits for a missing rank before the job fails."""
+
+    def __post_init__(self) -> None:
+        if self.strategy not in STRATEGIES:
+            raise ConfigError(
+                f"dist.strategy: expected one of {', '.join(STRATEGIES)}, got {self.strategy!r}"
+            )
+        if self.backend not in ("auto", "gloo", "nccl"):
+            raise ConfigError(f"dist.backend: expected auto, gloo or nccl, got {self.backend!r}")
+        if self.timeout_s <= 0:
+            raise ConfigError(f"dist.timeout_s: must be positive, got {self.timeout_s}")
 
 
 def typed(schema: type[T], node: Any, *, key: str) -> T:

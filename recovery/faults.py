@@ -2,12 +2,15 @@
 
 A process started with ``RECOVERY_PAUSE_AT=<point>`` (comma-separated for
 several) stops when it reaches that point: it writes the point's name to the
-file named by ``RECOVERY_PAUSE_MARK`` (so the driver knows it is there) and
-sleeps until it is killed. Points are ``step-<N>`` (after step N is recorded),
+file named by ``RECOVERY_PAUSE_MARK``, with its pid on the next line (so the
+driver knows it is there, and which process of a ``torchrun`` job to kill),
+and sleeps until it is killed. Points are ``step-<N>`` (after step N is recorded),
 and ``commit-<phase>-<N>`` inside the commit of step N's checkpoint, with phase
 ``write`` (a tensor file half written), ``before-manifest`` (all data files
 durable, manifest not yet written) and ``before-rename`` (manifest durable,
-directory not yet renamed), and ``dvc-register-<N>`` (the background DVC
+directory not yet renamed), ``rank-<R>-write-<N>`` and ``rank-<R>-sharded-<N>``
+(rank R of a distributed save has written its own files, or its DCP shards),
+and ``dvc-register-<N>`` (the background DVC
 publisher about to register step N's committed checkpoint).
 
 With ``RECOVERY_PAUSE_RELEASE=<file>`` as well, the pause ends when that file
@@ -42,7 +45,7 @@ def reach(point: str) -> None:
     if mark:
         tmp = f"{mark}.tmp"
         with open(tmp, "w") as fh:
-            fh.write(point)
+            fh.write(f"{point}\n{os.getpid()}\n")
         os.replace(tmp, mark)
     release = os.environ.get(RELEASE_ENV)
     while True:  # wait for the driver's signal, or its release file

@@ -24,19 +24,24 @@ log = logging.getLogger(__name__)
 
 
 class Journal:
-    """Appends records to a JSON-lines file."""
+    """Appends records to a JSON-lines file (``path=None``: discards them, for ranks > 0)."""
 
-    def __init__(self, path: Path) -> None:
+    def __init__(self, path: Path | None) -> None:
         self.path = path
+        self._fh: IO[str] | None = None
+        self._lock = threading.Lock()  # background saves record their costs too
+        if path is None:
+            return
         path.parent.mkdir(parents=True, exist_ok=True)
         needs_newline = path.exists() and path.stat().st_size > 0 and not _ends_with_newline(path)
-        self._fh: IO[str] = open(path, "a", encoding="utf-8")  # noqa: SIM115 - held open for the run
+        self._fh = open(path, "a", encoding="utf-8")  # noqa: SIM115 - held open for the run
         if needs_newline:
             self._fh.write("\n")
-        self._lock = threading.Lock()  # background saves record their costs too
 
     def write(self, record: dict[str, Any]) -> None:
         """Append one record and flush it to the OS (safe from several threads)."""
+        if self._fh is None:
+            return
         line = json.dumps(record, separators=(",", ":")) + "\n"
         with self._lock:
             self._fh.write(line)
@@ -44,7 +49,8 @@ class Journal:
 
     def close(self) -> None:
         with self._lock:
-            self._fh.close()
+            if self._fh is not None:
+                self._fh.close()
 
 
 def _ends_with_newline(path: Path) -> bool:

@@ -24,6 +24,13 @@ BEST_DIR = "best"
 PROGRAM_FILE = "program.pt2"
 IO_SIGNATURE_FILE = "signature.json"
 TENSOR_SUFFIX = ".safetensors"
+DCP_DIR = "dcp"
+"""Distributed checkpoints: model and optimizer shards written by torch.distributed.checkpoint."""
+DCP_PREFIX = f"{DCP_DIR}/"
+DISTRIBUTED = "distributed"
+"""``state.json`` key of a distributed checkpoint: world size, strategy, where state lives."""
+RANK_DIR = "ranks"
+"""Distributed checkpoints: each rank's own state (its RNG streams)."""
 
 _COMMITTED = re.compile(r"^step-(\d{8,})$")
 _TEMP = re.compile(r"^step-(\d{8,})\.(tmp|aside)-[0-9a-f]+$")

@@ -34,7 +34,13 @@ from recovery.errors import (
     TruncatedFileError,
     UnsafePathError,
 )
-from recovery.layout import SIGNATURE_FILE, TENSOR_SUFFIX, is_uncommitted, parse_step
+from recovery.layout import (
+    DCP_PREFIX,
+    SIGNATURE_FILE,
+    TENSOR_SUFFIX,
+    is_uncommitted,
+    parse_step,
+)
 from recovery.manifest import FileRecord, Manifest
 from recovery.progress import bytes_bar
 from recovery.signing import TrustStore
@@ -45,7 +51,8 @@ class Verified:
     """A verified directory: its manifest and the verified bytes of each file.
 
     ``.safetensors`` files come as one uint8 tensor each (decoded zero-copy by
-    :func:`recovery.tensorfile.views`); every other file as ``bytes``.
+    :func:`recovery.tensorfile.views`); DCP files (``dcp/...``) are verified
+    but not kept (DCP reads them itself, after this); every other file as ``bytes``.
     """
 
     path: Path
@@ -171,12 +178,16 @@ def read_verified(
     blobs: dict[str, bytes | torch.Tensor] = {}
     with bytes_bar(sum(max(r.size, 0) for r in mf.files), f"verifying {path.name}") as progress:
         for rec in mf.files:
-            blobs[rec.name] = _read_one(path, rec, progress)
+            data = _read_one(path, rec, progress)
+            if data is not None:
+                blobs[rec.name] = data
     return Verified(path=path, manifest=mf, files=blobs)
 
 
-def _read_one(path: Path, rec: FileRecord, progress: Callable[[int], None]) -> bytes | torch.Tensor:
-    """One listed file's verified content.
+def _read_one(
+    path: Path, rec: FileRecord, progress: Callable[[int], None]
+) -> bytes | torch.Tensor | None:
+    """One listed file's verified content (``None`` for DCP files: verified, not kept).
 
     Raises:
         TruncatedFileError, DigestMismatchError.
@@ -189,8 +200,11 @@ def _read_one(path: Path, rec: FileRecord, progress: Callable[[int], None]) -> b
             "truncated or rewritten. Resume from another checkpoint.",
             path=file,
         )
-    data: bytes | torch.Tensor
-    if rec.name.endswith(TENSOR_SUFFIX):
+    data: bytes | torch.Tensor | None
+    if rec.name.startswith(DCP_PREFIX):
+        # read later by torch.distributed.checkpoint from disk: hash it, keep nothing
+        data, (digest, _) = None, tensorfile.hash_file(file, progress=progress)
+    elif rec.name.endswith(TENSOR_SUFFIX):
         data, digest = tensorfile.read_hashed(file, size=found, progress=progress)
     else:
         data = _read_nofollow(file)

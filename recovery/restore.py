@@ -16,10 +16,11 @@ from typing import Any
 
 import yaml
 
-from recovery import lineage, purpose, resume
+from recovery import distributed, lineage, multirank, purpose, resume, sharded
 from recovery import provenance as prov
+from recovery.distributed import World
 from recovery.errors import DriftError, PurposeError
-from recovery.layout import CONFIG_FILE
+from recovery.layout import CONFIG_FILE, DISTRIBUTED
 from recovery.signing import TrustStore
 from recovery.state import MODEL, TrainState
 
@@ -37,6 +38,8 @@ class Identity:
     parent: dict[str, Any] | None = None
     drift: list[str] = field(default_factory=list)
     resumed_from: Path | None = None
+    resharded: dict[str, Any] | None = None
+    """Old and new world size, when a resume changed it."""
 
 
 def fresh(run_id: str) -> Identity:
@@ -53,8 +56,14 @@ def resume_from(
     config: dict[str, Any],
     strict: bool,
     root: Path,
+    world: World = distributed.SINGLE,
+    seed: int = 0,
 ) -> Identity:
     """Continue the run of ``loaded``: check drift, load every piece of state.
+
+    A distributed checkpoint, or any resume inside a ``torchrun`` job, loads
+    through :func:`recovery.multirank.load_state` (resharding to ``world``;
+    RNG streams reseeded from ``seed`` when the world size changed).
 
     Raises:
         DriftError: ``strict`` and code, dependencies, data or config changed.
@@ -78,7 +87,11 @@ def resume_from(
             differences=drift,
             path=loaded.path,
         )
-    state.load_state_dict(loaded.decoded.tree, source=str(loaded.path))
+    resharded = None
+    if world.distributed or DISTRIBUTED in loaded.decoded.meta:
+        resharded = multirank.load_state(state, loaded, world=world, seed=seed)
+    else:
+        state.load_state_dict(loaded.decoded.tree, source=str(loaded.path))
     step = loaded.decoded.step
     rid = str(rec.get("run_id") or run_id)
     source = lineage.link(loaded.manifest, loaded.path, root)
@@ -87,13 +100,22 @@ def resume_from(
         run_id=rid,
         lineage=[
             *rec.get("lineage", []),
-            lineage.segment(lineage.RESUME, rid, step, source, drift=drift),
+            lineage.segment(
+                lineage.RESUME,
+                rid,
+                step,
+                source,
+                drift=drift,
+                world_size=world.size,
+                **({"resharded": resharded} if resharded else {}),
+            ),
         ],
         step=step,
         previous=source,
         parent={"kind": lineage.RESUME, **source},
         drift=drift,
         resumed_from=loaded.path,
+        resharded=resharded,
     )
 
 
@@ -117,9 +139,10 @@ def warm_start_from(
     purpose.check_use(
         purpose.INIT, loaded.manifest.purpose, where=str(path), present=loaded.components
     )
-    if MODEL not in loaded.decoded.tree:
+    tree = sharded.tree_with_model(loaded.decoded.tree, path, loaded.decoded.meta)
+    if MODEL not in tree:
         raise PurposeError(f"{path}: holds no model weights to start from", missing=[MODEL])
-    state.load_state_dict(loaded.decoded.tree, source=str(path), only=[MODEL])
+    state.load_state_dict(tree, source=str(path), only=[MODEL])
     source = lineage.link(loaded.manifest, path, root)
     log.info("warm start: new run %s initialised from %s", run_id, path)
     return Identity(

@@ -15,7 +15,14 @@ import torch
 
 from recovery import codec, tensorfile
 from recovery.errors import FormatError
-from recovery.layout import CONFIG_FILE, IO_SIGNATURE_FILE, PROGRAM_FILE, STATE_FILE, tensor_file
+from recovery.layout import (
+    CONFIG_FILE,
+    DISTRIBUTED,
+    IO_SIGNATURE_FILE,
+    PROGRAM_FILE,
+    STATE_FILE,
+    tensor_file,
+)
 from recovery.reader import Verified
 
 STATE_FORMAT = 1
@@ -121,6 +128,9 @@ def present(
     ``lineage`` (in the signed statement).
     """
     names = set(tree)
+    spread = meta.get(DISTRIBUTED)
+    if isinstance(spread, dict):  # a distributed checkpoint's DCP and per-rank parts
+        names.update(spread.get("sharded", []), spread.get("per_rank", []))
     if CONFIG_FILE in files:
         names.add("config")
     if IO_SIGNATURE_FILE in files:

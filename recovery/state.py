@@ -125,6 +125,17 @@ class TrainState:
                 )
         self.components: dict[str, Any] = {k: v for k, v in components.items() if v is not None}
 
+    def add(self, name: str, obj: Any) -> None:
+        """Register one more component (before the run restores or saves)."""
+        if name == RNG or name in self.components:
+            raise ConfigError(f"TrainState: component '{name}' is already registered")
+        if not isinstance(obj, Stateful):
+            raise ConfigError(
+                f"TrainState: component '{name}' ({type(obj).__name__}) has no "
+                "state_dict/load_state_dict"
+            )
+        self.components[name] = obj
+
     @property
     def names(self) -> list[str]:
         """Component names in save order, ``rng`` last."""

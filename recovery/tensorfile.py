@@ -184,6 +184,19 @@ def views(buffer: torch.Tensor, *, name: str) -> dict[str, torch.Tensor]:
     return dict(sorted(out.items()))
 
 
+def hash_file(path: Path, *, progress: Callable[[int], None] | None = None) -> tuple[str, int]:
+    """The sha256 and size of a file already on disk (a symlink is refused, not followed)."""
+    digest = hashlib.sha256()
+    size = 0
+    with os.fdopen(os.open(path, os.O_RDONLY | os.O_NOFOLLOW), "rb") as fh:
+        while chunk := fh.read(CHUNK):
+            digest.update(chunk)
+            size += len(chunk)
+            if progress is not None:
+                progress(len(chunk))
+    return digest.hexdigest(), size
+
+
 def read_hashed(
     path: Path, *, size: int, progress: Callable[[int], None] | None = None
 ) -> tuple[torch.Tensor, str]:

@@ -11,6 +11,7 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
 
+import psutil
 import pytest
 import torch
 
@@ -38,6 +39,13 @@ SMALL = [
     "checkpoint.keep_last=3",
     "run.name=r",
 ]
+
+
+def torchrun(nproc: int | None) -> list[str]:
+    """The interpreter arguments that start ``nproc`` ranks under torchrun (none: one process)."""
+    if not nproc:
+        return []
+    return ["-m", "torch.distributed.run", "--standalone", f"--nproc_per_node={nproc}"]
 
 
 @dataclass
@@ -71,10 +79,15 @@ def trainer(data_root, signer):
         signals: tuple[int, ...] = (),
         before_kill: Callable[[], None] | None = None,
         env_extra: dict[str, str] | None = None,
+        nproc: int | None = None,
+        kill_marked_rank: bool = False,
     ) -> Result:
         root.mkdir(parents=True, exist_ok=True)
+        # nproc: a torchrun job (its own session, so a kill reaches every rank);
+        # kill_marked_rank: SIGKILL only the rank that reached pause_at, not the job
         cmd = [
             sys.executable,
+            *torchrun(nproc),
             str(script),
             f"checkpoint.root={root}",
             f"recipe.data.root={data or data_root}",
@@ -97,7 +110,12 @@ def trainer(data_root, signer):
         log_path = root / f"train-{time.monotonic_ns()}.log"
         with open(log_path, "w") as log:
             proc = subprocess.Popen(
-                cmd, cwd=cwd or root, stdout=log, stderr=subprocess.STDOUT, env=env
+                cmd,
+                cwd=cwd or root,
+                stdout=log,
+                stderr=subprocess.STDOUT,
+                env=env,
+                start_new_session=bool(nproc),
             )
             deadline = time.monotonic() + timeout
             if pause_at:
@@ -120,8 +138,21 @@ def trainer(data_root, signer):
                 else:
                     if before_kill is not None:
                         before_kill()
-                    os.kill(proc.pid, signal.SIGKILL)
-            proc.wait(timeout=max(1.0, deadline - time.monotonic()))
+                    if kill_marked_rank:
+                        os.kill(int(mark.read_text().split()[1]), signal.SIGKILL)
+                    elif nproc:  # torchrun starts each rank in a session of its own
+                        for child in psutil.Process(proc.pid).children(recursive=True):
+                            child.kill()
+                        proc.kill()
+                    else:
+                        os.kill(proc.pid, signal.SIGKILL)
+            try:
+                proc.wait(timeout=max(1.0, deadline - time.monotonic()))
+            except subprocess.TimeoutExpired:
+                for child in psutil.Process(proc.pid).children(recursive=True):
+                    child.kill()  # a hung torchrun job must not outlive its test
+                proc.kill()
+                raise
         return Result(proc.returncode, log_path.read_text(), root / "r")
 
     return run

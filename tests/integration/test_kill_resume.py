@@ -123,6 +123,7 @@ def test_ls_and_inspect_on_a_real_run(reference, capsys, signer):
     info = json.loads(capsys.readouterr().out)
     assert info["step"] == 80 and info["components"] == [
         "config",
+        "health",
         "lineage",
         "model",
         "model_config",

@@ -37,3 +37,13 @@ def test_cli_subcommands_are_documented():
     sub = next(a for a in cli.build_parser()._actions if a.dest == "command")
     for name in sub.choices:
         assert f"recovery {name}" in README
+
+
+def test_every_key_of_the_health_and_dist_groups_is_documented():
+    import yaml
+
+    conf = Path(__file__).resolve().parents[2] / "conf"
+    for group in ("health", "dist", "signing"):
+        keys = yaml.safe_load((conf / group / "default.yaml").read_text())
+        for key in keys:
+            assert f"`{group}.{key}=`" in README, f"{group}.{key}"

@@ -3,6 +3,7 @@ import torch
 
 from recovery import rng
 from recovery.errors import ConfigError, IncompatibleStateError
+from recovery.sampler import ResumableSampler
 from recovery.state import TrainState
 from tests.conftest import tensor_bytes, tensors_from, tiny_state, train_steps
 
@@ -126,3 +127,16 @@ def test_grad_scaler_state_roundtrips_through_the_format():
     fresh = torch.amp.GradScaler("cpu")
     TrainState(scaler=fresh).load_state_dict(tree)
     assert fresh.get_scale() == 256.0 and fresh.get_growth_interval() == 7
+
+
+def test_add_registers_one_more_component_and_refuses_duplicates_and_non_stateful():
+    state = TrainState(model=torch.nn.Linear(2, 2))
+    sampler = ResumableSampler(10, 2, 0)
+    state.add("sampler", sampler)
+    assert state.names == ["model", "sampler", "rng"]
+    with pytest.raises(ConfigError, match="already registered"):
+        state.add("sampler", sampler)
+    with pytest.raises(ConfigError, match="already registered"):
+        state.add("rng", sampler)
+    with pytest.raises(ConfigError, match="state_dict"):
+        state.add("other", object())

@@ -1,0 +1,180 @@
+"""The process group a run trains in, and the few collectives the checkpoint protocol needs.
+
+A run started by ``torchrun`` (``WORLD_SIZE`` and ``RANK`` in the environment)
+joins a process group (gloo on CPU, nccl on GPU); a plain ``python train.py``
+is a world of one and calls nothing here that communicates. Every collective
+in this module carries plain integers in a tensor, never a pickled object.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import logging
+import os
+import random
+import sys
+from collections.abc import Callable
+from dataclasses import dataclass
+from datetime import timedelta
+from typing import Literal, NoReturn, TypeVar
+
+import numpy as np
+import torch
+import torch.distributed as dist
+
+from recovery.config import DistConfig
+
+log = logging.getLogger(__name__)
+T = TypeVar("T")
+
+
+@dataclass(frozen=True)
+class World:
+    """This process's place in the job."""
+
+    rank: int = 0
+    size: int = 1
+    distributed: bool = False
+    """A process group is initialised (``torchrun``, even with one process)."""
+
+    @property
+    def leader(self) -> bool:
+        """Rank 0: the only rank that writes shared files, journals and commits."""
+        return self.rank == 0
+
+
+SINGLE = World()
+
+
+def launched() -> bool:
+    """Whether ``torchrun`` (or another launcher) started this process as one rank of a job."""
+    return "WORLD_SIZE" in os.environ and "RANK" in os.environ
+
+
+def current() -> World:
+    """The world as the initialised process group sees it (a world of one if none is)."""
+    if not (dist.is_available() and dist.is_initialized()):
+        return SINGLE
+    return World(rank=dist.get_rank(), size=dist.get_world_size(), distributed=True)
+
+
+def setup(cfg: DistConfig) -> World:
+    """Join the job's process group if ``torchrun`` started this process; return the world."""
+    if not launched():
+        return SINGLE
+    if not (dist.is_available() and dist.is_initialized()):
+        backend = cfg.backend
+        if backend == "auto":
+            backend = "nccl" if torch.cuda.is_available() else "gloo"
+        if backend == "nccl":
+            torch.cuda.set_device(int(os.environ.get("LOCAL_RANK", "0")))
+        dist.init_process_group(backend, timeout=timedelta(seconds=cfg.timeout_s))
+    world = current()
+    log.info("rank %d of %d (%s)", world.rank, world.size, dist.get_backend())
+    return world
+
+
+def exit_now(code: int) -> NoReturn:
+    """End a ``torchrun`` worker: flush output, then leave without any teardown.
+
+    Every file the run wrote is already fsynced and closed by then, and every
+    rank has passed the last collective. Skipping ``destroy_process_group`` and
+    the interpreter's teardown is deliberate: destroying a gloo process group
+    that a DDP reducer still uses can deadlock (its worker thread waits for the
+    GIL that the destroying thread holds; seen on torch 2.13, in both places),
+    leaving a finished rank hanging and the job never ending.
+    """
+    for handler in logging.getLogger().handlers:
+        handler.flush()
+    sys.stdout.flush()
+    sys.stderr.flush()
+    os._exit(code)
+
+
+def _device() -> torch.device:
+    return torch.device("cuda") if dist.get_backend() == "nccl" else torch.device("cpu")
+
+
+def _reduce(values: list[int], op: Literal["min", "max"]) -> list[int]:
+    if not current().distributed:
+        return values
+    t = torch.tensor(values, dtype=torch.int64, device=_device())
+    dist.all_reduce(t, op=dist.ReduceOp.MIN if op == "min" else dist.ReduceOp.MAX)
+    return [int(v) for v in t.tolist()]
+
+
+def any_of(*flags: bool) -> list[bool]:
+    """Each flag, true if it is true on any rank (one collective for all)."""
+    return [bool(v) for v in _reduce([int(f) for f in flags], "max")]
+
+
+def all_ok(ok: bool) -> bool:
+    """True only if ``ok`` on every rank."""
+    return bool(_reduce([int(ok)], "min")[0])
+
+
+def broadcast_int(value: int) -> int:
+    """Rank 0's ``value`` on every rank."""
+    if not current().distributed:
+        return value
+    t = torch.tensor([value], dtype=torch.int64, device=_device())
+    dist.broadcast(t, src=0)
+    return int(t.item())
+
+
+def broadcast_text(text: str, *, size: int = 64) -> str:
+    """Rank 0's ``text`` (ASCII, at most ``size`` bytes) on every rank."""
+    if not current().distributed:
+        return text
+    raw = text.encode("ascii")
+    if len(raw) > size:
+        raise ValueError(f"broadcast_text: {len(raw)} bytes, more than {size}")
+    t = torch.zeros(size + 1, dtype=torch.uint8, device=_device())
+    t[0] = len(raw)
+    t[1 : 1 + len(raw)] = torch.tensor(list(raw), dtype=torch.uint8)
+    dist.broadcast(t, src=0)
+    n = int(t[0].item())
+    return bytes(t[1 : 1 + n].cpu().tolist()).decode("ascii")
+
+
+def leader_first(fn: Callable[[], T]) -> T:
+    """``fn()`` on rank 0, then (after a barrier) on the others: rank 0 creates what is missing
+    (a dev key, a generated dataset) and the others read it instead of racing to create it."""
+    world = current()
+    result = fn() if world.leader else None
+    barrier()
+    return fn() if not world.leader else result  # type: ignore[return-value]
+
+
+def barrier() -> None:
+    """Wait for every rank (no-op in a world of one)."""
+    if current().distributed:
+        dist.barrier()
+
+
+def mean(value: torch.Tensor) -> torch.Tensor:
+    """The mean of a scalar over the ranks (the value itself in a world of one)."""
+    if not current().distributed:
+        return value
+    t = value.detach().clone().to(_device())
+    dist.all_reduce(t, op=dist.ReduceOp.SUM)
+    return t / dist.get_world_size()
+
+
+def derived_seed(seed: int, step: int, rank: int) -> int:
+    """A deterministic 63-bit seed for (run seed, step, rank)."""
+    digest = hashlib.sha256(f"recovery-reseed:{seed}:{step}:{rank}".encode()).digest()
+    return int.from_bytes(digest[:8], "big") >> 1
+
+
+def reseed(seed: int, step: int, rank: int) -> int:
+    """Seed every random stream of this rank from (seed, step, rank); return the derived seed.
+
+    Used where an exact RNG continuation does not exist: a fresh rank's own
+    streams, and a resume on a different world size.
+    """
+    derived = derived_seed(seed, step, rank)
+    random.seed(derived)
+    np.random.seed(derived % 2**32)
+    torch.manual_seed(derived)
+    return derived

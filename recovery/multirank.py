@@ -1,0 +1,205 @@
+"""The checkpoint protocol across the ranks of a ``torchrun`` job: one consistent snapshot.
+
+Save, at a step boundary every rank has reached (all ranks decide to save
+together, see :meth:`~recovery.checkpointer.Checkpointer.maybe_save`):
+
+1. rank 0 creates the temp directory and sends its name to the others;
+2. every rank writes its own state (``ranks/rank-NNNNN.*``, fsynced);
+3. the ranks agree that every one of them succeeded; if any failed, all
+   stop and nothing is committed;
+4. model and optimizer go through DCP into ``dcp/`` (collective: each rank
+   writes the shards it holds);
+5. the ranks agree again; then rank 0 alone writes the replicated state
+   (``state.json``, the other components, ``config.yaml``), hashes every file
+   in the directory, signs the manifest last and renames the directory into
+   place, exactly as :func:`recovery.commit.commit` does for one process;
+6. rank 0 tells the others whether the commit happened.
+
+A rank that dies at any point (SIGKILL, OOM) breaks the next collective on
+the others, so no rank reaches step 5's rename: the temp directory stays
+behind, unsigned and ignored, and the next start removes it.
+
+Load (:func:`load_state`): every rank verifies the whole checkpoint (DCP's
+pickle metadata included) before DCP reads a byte of it; DCP reshards model
+and optimizer onto the current world; the global data cursor needs no
+resharding; per-rank RNG streams are restored exactly on the same world size
+and reseeded from (seed, step, rank) on another, which is recorded as
+``resharded``.
+"""
+
+from __future__ import annotations
+
+import logging
+import shutil
+from pathlib import Path
+from typing import Any
+
+from torch.distributed.checkpoint.api import CheckpointException
+
+from recovery import distributed, faults, rng, sharded
+from recovery.distributed import World
+from recovery.errors import CommitError, ConfigError, IncompatibleStateError, RecoveryError
+from recovery.layout import DCP_DIR, DISTRIBUTED, temp_dir_for
+from recovery.resume import Loaded
+from recovery.state import MODEL, OPTIMIZER, RNG, TrainState
+
+log = logging.getLogger(__name__)
+
+
+def describe(world: World, strategy: str, groups: dict[str, Any]) -> dict[str, Any]:
+    """The ``state.json`` record of a distributed checkpoint."""
+    return {
+        "world_size": world.size,
+        "strategy": strategy,
+        "sharded": list(sharded.SHARDED),
+        "per_rank": list(sharded.PER_RANK),
+        "dcp": DCP_DIR,
+        OPTIMIZER: groups,
+    }
+
+
+def write_parts(
+    state: TrainState, final: Path, world: World, step: int
+) -> tuple[Path, dict[str, Any]]:
+    """Steps 1-5 up to rank 0's commit: every rank's files and the DCP shards, agreed.
+
+    Returns:
+        The temp directory (complete on every rank's side) and the optimizer's
+        param groups for ``state.json``.
+
+    Raises:
+        CommitError: this or another rank failed; nothing was committed.
+    """
+    name = distributed.broadcast_text(temp_dir_for(final).name if world.leader else "")
+    tmp = final.with_name(name)
+    if world.leader:
+        tmp.mkdir()
+    distributed.barrier()
+    failure: BaseException | None = None
+    try:
+        sharded.write_rank(tmp, world.rank, {RNG: rng.capture()})
+        faults.reach(f"rank-{world.rank}-write-{step}")
+    except (OSError, RecoveryError) as err:
+        failure = err
+    if not distributed.all_ok(failure is None):
+        _abandon(tmp, world)
+        raise CommitError(
+            f"step {step}: a rank could not write its state"
+            + (f" (this rank: {failure})" if failure else "")
+            + "; nothing was committed and earlier checkpoints are intact.",
+            path=final,
+        ) from failure
+    model, optimizer = state.components[MODEL], state.components[OPTIMIZER]
+    try:
+        groups = sharded.save(model, optimizer, tmp / DCP_DIR)
+    except (Exception, CheckpointException) as err:  # DCP's wrapper is a BaseException
+        _abandon(tmp, world)
+        raise CommitError(
+            f"step {step}: the sharded save failed ({sharded.failure(err)}); "
+            "nothing was committed and earlier checkpoints are intact.",
+            path=final,
+        ) from err
+    faults.reach(f"rank-{world.rank}-sharded-{step}")
+    if not distributed.all_ok(True):  # pragma: no cover - a dead rank raises inside all_ok
+        raise CommitError(f"step {step}: a rank did not finish its shards", path=final)
+    return tmp, groups
+
+
+def adopted(tmp: Path) -> list[str]:
+    """Every file the ranks wrote into ``tmp`` (relative posix names, sorted)."""
+    return sorted(p.relative_to(tmp).as_posix() for p in tmp.rglob("*") if p.is_file())
+
+
+def announce(world: World, committed: bool, final: Path, step: int) -> None:
+    """Step 6: rank 0 tells every rank whether it committed; the others raise if not."""
+    if distributed.broadcast_int(int(committed)) == 0 and not world.leader:
+        raise CommitError(
+            f"step {step}: rank 0 could not commit {final}; nothing was committed.", path=final
+        )
+
+
+def _abandon(tmp: Path, world: World) -> None:
+    if world.leader:
+        shutil.rmtree(tmp, ignore_errors=True)
+
+
+def load_state(
+    state: TrainState, loaded: Loaded, *, world: World, seed: int
+) -> dict[str, Any] | None:
+    """Restore ``state`` from a verified checkpoint on the current world.
+
+    Model and optimizer come from DCP when the checkpoint has them there (at
+    any world size, with or without a process group), otherwise from their
+    files (a single-process checkpoint resumed by a ``torchrun`` job with
+    replicated state). Everything that can refuse is checked before anything
+    is applied.
+
+    Returns:
+        ``{"from": old, "to": new, "rng": ...}`` when the world size changed
+        (the RNG streams were reseeded), else ``None``.
+
+    Raises:
+        IncompatibleStateError, FormatError: nothing was changed.
+    """
+    tree = loaded.decoded.tree
+    spread = loaded.decoded.meta.get(DISTRIBUTED)
+    saved_size = int(spread["world_size"]) if isinstance(spread, dict) else 1
+    via_dcp = isinstance(spread, dict)
+    plain = [n for n in state.components if not (via_dcp and n in sharded.SHARDED)]
+    problems = state.mismatches(tree, only=plain)
+    own: dict[str, Any] | None = None
+    if saved_size == world.size:  # the same ranks: each continues its own RNG streams exactly
+        own = (
+            sharded.read_rank(loaded.files, world.rank, where=loaded.path)
+            if via_dcp
+            else {RNG: tree[RNG]}
+        )
+        problems += [f"rank {world.rank} {line}" for line in rng.validate(own.get(RNG))]
+    if problems:
+        raise IncompatibleStateError(
+            f"{loaded.path} does not fit this run ({len(problems)} mismatches):\n  "
+            + "\n  ".join(problems),
+            mismatches=problems,
+            path=loaded.path,
+        )
+    if isinstance(spread, dict):
+        sharded.load(
+            state.components[MODEL],
+            state.components[OPTIMIZER],
+            loaded.path / DCP_DIR,
+            spread.get(OPTIMIZER, {}),
+        )
+    state.load_state_dict(tree, source=str(loaded.path), only=plain)
+    step = loaded.decoded.step
+    if own is not None:
+        rng.restore(own[RNG])
+        return None
+    derived = distributed.reseed(seed, step, world.rank)
+    log.warning(
+        "resharded: %s was saved by %d rank(s), resumed on %d; model and optimizer resharded, "
+        "data cursor kept, RNG streams reseeded from (seed %d, step %d, rank %d) -> %d",
+        loaded.path,
+        saved_size,
+        world.size,
+        seed,
+        step,
+        world.rank,
+        derived,
+    )
+    return {"from": saved_size, "to": world.size, "rng": "reseeded from (seed, step, rank)"}
+
+
+def check_supported(world: World, *, async_save: bool, warm_start_every: int) -> None:
+    """Refuse the options the distributed protocol does not implement yet, by name."""
+    if not world.distributed:
+        return
+    if async_save:
+        raise ConfigError(
+            "checkpoint.async=true is not supported under torchrun yet; "
+            "set checkpoint.async=false (saves are synchronous on every rank)"
+        )
+    if warm_start_every:
+        raise ConfigError(
+            "checkpoint.warm_start_every is not supported under torchrun yet; "
+            "export or warm-start from a continuation checkpoint instead"
+        )

@@ -1,0 +1,175 @@
+"""The parts of a distributed checkpoint that are not one file per component.
+
+- ``dcp/``: model and optimizer tensors, written collectively by
+  ``torch.distributed.checkpoint`` (DCP). Each rank writes the shards it
+  holds (replicated DDP tensors once, FSDP2 shards by their owners), so
+  loading at another world size reshards them. Only tensors go in: the
+  optimizer's param groups (learning rates, betas: plain numbers) travel in
+  ``state.json``. DCP's ``.metadata`` is a pickle, which is why every
+  ``dcp/`` file is listed in the signed manifest and verified before
+  :func:`load` lets DCP read it.
+- ``ranks/rank-NNNNN.{json,safetensors}``: state that differs per rank (its
+  RNG streams), written by that rank through :mod:`recovery.codec`.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Any
+
+import torch
+from torch.distributed.checkpoint.api import CheckpointException
+from torch.distributed.checkpoint.filesystem import FileSystemReader, FileSystemWriter
+from torch.distributed.checkpoint.metadata import TensorStorageMetadata
+from torch.distributed.checkpoint.state_dict import get_state_dict, set_state_dict
+from torch.distributed.checkpoint.state_dict_loader import load as dcp_load
+from torch.distributed.checkpoint.state_dict_saver import save as dcp_save
+from torch.utils._pytree import tree_map_only
+
+from recovery import codec, commit, tensorfile
+from recovery.errors import FormatError, IncompatibleStateError
+from recovery.layout import DCP_DIR, DCP_PREFIX, DISTRIBUTED, RANK_DIR, TENSOR_SUFFIX
+from recovery.manifest import FileRecord
+
+SHARDED = ("model", "optimizer")
+"""Components that go through DCP in a distributed checkpoint."""
+PER_RANK = ("rng",)
+"""Components every rank saves for itself."""
+
+
+def is_dcp(name: str) -> bool:
+    """Whether a manifest entry is a DCP file (verified, then read by DCP, never by us)."""
+    return name.startswith(DCP_PREFIX)
+
+
+def rank_names(rank: int) -> tuple[str, str]:
+    """The skeleton and tensor files of one rank's own state."""
+    stem = f"{RANK_DIR}/rank-{rank:05d}"
+    return f"{stem}.json", f"{stem}{TENSOR_SUFFIX}"
+
+
+def write_rank(directory: Path, rank: int, tree: dict[str, Any]) -> list[FileRecord]:
+    """Write this rank's own state (fsynced) into ``directory``; return the records."""
+    skeleton, tensors = codec.split(tree)
+    meta_name, tensor_name = rank_names(rank)
+    (directory / RANK_DIR).mkdir(exist_ok=True)
+    return [
+        commit.write_entry(directory / tensor_name, tensors),
+        commit.write_entry(directory / meta_name, codec.dumps_json(skeleton)),
+    ]
+
+
+def read_rank(files: dict[str, Any], rank: int, *, where: Path) -> dict[str, Any]:
+    """One rank's own state from a verified checkpoint's files.
+
+    Raises:
+        FormatError: that rank's files are absent or do not decode.
+    """
+    meta_name, tensor_name = rank_names(rank)
+    raw, blob = files.get(meta_name), files.get(tensor_name)
+    if not isinstance(raw, bytes) or not isinstance(blob, torch.Tensor):
+        raise FormatError(
+            f"{where}: holds no state for rank {rank} ({meta_name}, {tensor_name})",
+            path=where,
+        )
+    skeleton = codec.loads_json(raw, name=str(where / meta_name))
+    tree = codec.join(skeleton, tensorfile.views(blob, name=str(where / tensor_name)))
+    if not isinstance(tree, dict):
+        raise FormatError(f"{where / meta_name}: expected a mapping of components", path=where)
+    return tree
+
+
+def full_model(directory: Path) -> dict[str, torch.Tensor]:
+    """The whole model state of a *verified* checkpoint's ``dcp/``, as plain tensors.
+
+    Reads in this process (no process group needed), at the shapes DCP
+    recorded: what an export or a warm start needs from a distributed
+    checkpoint, without building the sharded model.
+    """
+    reader = FileSystemReader(directory)
+    prefix = "model."
+    target = {
+        fqn: torch.empty(meta.size, dtype=meta.properties.dtype)
+        for fqn, meta in reader.read_metadata().state_dict_metadata.items()
+        if fqn.startswith(prefix) and isinstance(meta, TensorStorageMetadata)
+    }
+    dcp_load(target, storage_reader=FileSystemReader(directory))
+    return {fqn[len(prefix) :]: t for fqn, t in target.items()}
+
+
+def tree_with_model(tree: dict[str, Any], path: Path, meta: dict[str, Any]) -> dict[str, Any]:
+    """``tree``, with the model's full weights read from ``dcp/`` if that is where they are."""
+    if "model" in tree or DISTRIBUTED not in meta:
+        return tree
+    return {**tree, "model": full_model(path / DCP_DIR)}
+
+
+def failure(err: BaseException) -> str:
+    """The first rank's own error inside DCP's wrapper (a ``BaseException``), in one line."""
+    failures = getattr(err, "failures", None)
+    if isinstance(failures, dict) and failures:
+        rank, wrapped = sorted(failures.items())[0]
+        inner = wrapped[0] if isinstance(wrapped, tuple) else wrapped
+        return f"rank {rank}: {type(inner).__name__}: {inner}"
+    return f"{type(err).__name__}: {err}"
+
+
+def save(
+    model: torch.nn.Module, optimizer: torch.optim.Optimizer, directory: Path
+) -> dict[str, Any]:
+    """Write model and optimizer tensors with DCP (collective: every rank calls it).
+
+    Returns:
+        What ``state.json`` keeps: the optimizer's param groups.
+    """
+    msd, osd = get_state_dict(model, optimizer)
+    dcp_save(
+        {"model": msd, "optimizer": osd["state"]},
+        storage_writer=FileSystemWriter(directory, sync_files=True),
+    )
+    return {"param_groups": osd["param_groups"]}
+
+
+def load(
+    model: torch.nn.Module,
+    optimizer: torch.optim.Optimizer,
+    directory: Path,
+    saved: dict[str, Any],
+) -> None:
+    """Load model and optimizer from a *verified* checkpoint's ``dcp/`` (collective).
+
+    The tensors are read into copies of the live state and applied only when
+    every one has been read, so a refused load changes nothing.
+
+    Raises:
+        IncompatibleStateError: the saved tensors or param groups do not fit.
+    """
+    msd, osd = get_state_dict(model, optimizer)
+    groups = saved.get("param_groups")
+    if not isinstance(groups, list) or len(groups) != len(osd["param_groups"]):
+        found = len(groups) if isinstance(groups, list) else "no"
+        raise IncompatibleStateError(
+            f"{directory}: {found} optimizer param groups saved, "
+            f"{len(osd['param_groups'])} now; resume with the optimizer that wrote it",
+            mismatches=["optimizer param groups"],
+            path=directory,
+        )
+    target = tree_map_only(
+        torch.Tensor, lambda t: t.detach().clone(), {"model": msd, "optimizer": osd["state"]}
+    )
+    try:
+        dcp_load(target, storage_reader=FileSystemReader(directory))
+    except (Exception, CheckpointException) as err:
+        reason = failure(err)
+        raise IncompatibleStateError(
+            f"{directory}: the sharded model/optimizer state does not fit this run: {reason}. "
+            "Resume with the model and optimizer that wrote it.",
+            mismatches=[reason],
+            path=directory,
+        ) from err
+    set_state_dict(
+        model,
+        optimizer,
+        model_state_dict=target["model"],
+        optim_state_dict={"state": target["optimizer"], "param_groups": groups},
+    )

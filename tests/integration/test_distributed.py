@@ -1,0 +1,232 @@
+"""torchrun jobs (gloo on CPU): one consistent snapshot, exact resume, resharding, a dead rank."""
+
+from __future__ import annotations
+
+import json
+import os
+import shutil
+import statistics
+import subprocess
+import sys
+
+import pytest
+import torch
+
+from recipes.embedding import DotProduct
+from recovery import cli, reader, resume, sharded
+from recovery.drill import flat_tensors
+from recovery.journal import effective_steps
+from recovery.layout import DISTRIBUTED, METRICS_FILE, scan, step_dir_name
+from recovery.trust import KEY_ENV
+from tests.integration.conftest import SMALL, STEPS, TRAIN, torchrun
+
+# SMALL's model: 200 users, 100 items, dim 32; checkpoints every 10 steps, the last 3 kept
+USERS, ITEMS, DIM = 200, 100, 32
+
+
+@pytest.fixture(scope="module")
+def job(tmp_path_factory, data_root, signer):
+    """``job(strategy, nproc)``: the uninterrupted torchrun run to STEPS (run once per key);
+    ``job(None, 1, seed=S)``: an uninterrupted single-process run with seed S."""
+    done: dict[tuple[str | None, int, int], object] = {}
+
+    def run(strategy, nproc, *, seed=0):
+        key = (strategy, nproc, seed)
+        if key not in done:
+            root = tmp_path_factory.mktemp(f"job-{strategy}-{nproc}-{seed}")
+            cmd = [
+                sys.executable,
+                *torchrun(nproc if strategy else None),
+                str(TRAIN),
+                f"checkpoint.root={root}",
+                f"recipe.data.root={data_root}",
+                *SMALL,
+                f"seed={seed}",
+                *([f"dist.strategy={strategy}"] if strategy else []),
+            ]
+            env = {**os.environ, KEY_ENV: str(signer.path)}
+            out = subprocess.run(
+                cmd, cwd=root, capture_output=True, text=True, timeout=300, env=env
+            )
+            assert out.returncode == 0, out.stdout + out.stderr
+            done[key] = root / "r"
+        return done[key]
+
+    return run
+
+
+def model_and_optimizer(step_dir, trust):
+    """A distributed checkpoint's full model and optimizer, read through DCP in this process."""
+    loaded = resume.load(step_dir, trust)
+    model = DotProduct(USERS, ITEMS, DIM, 0.1)
+    opt = torch.optim.Adam(model.parameters())
+    sharded.load(model, opt, step_dir / "dcp", loaded.decoded.meta[DISTRIBUTED]["optimizer"])
+    return loaded, model.state_dict(), opt.state_dict()
+
+
+def assert_same_job(reference, run_dir, trust, *, ranks):
+    ref = effective_steps(reference / METRICS_FILE)
+    got = effective_steps(run_dir / METRICS_FILE)
+    assert sorted(got) == sorted(ref) == list(range(1, STEPS + 1))
+    for step in ref:
+        for key in ("loss", "lr", "epoch", "batch", "update"):
+            assert got[step][key] == ref[step][key], f"step {step}: {key} differs"
+    final = step_dir_name(STEPS)
+    a, model_a, opt_a = model_and_optimizer(reference / final, trust)
+    b, model_b, opt_b = model_and_optimizer(run_dir / final, trust)
+    for key in model_a:
+        assert torch.equal(model_a[key], model_b[key]), f"model {key} differs"
+    flat_a, flat_b = flat_tensors(opt_a["state"]), flat_tensors(opt_b["state"])
+    assert flat_a.keys() == flat_b.keys() and flat_a
+    for key in flat_a:
+        assert torch.equal(flat_a[key], flat_b[key]), f"optimizer {key} differs"
+    for name in ("sampler", "scheduler", "health"):
+        assert a.decoded.tree[name] == b.decoded.tree[name], name
+    for rank in range(ranks):
+        rng_a = sharded.read_rank(a.files, rank, where=a.path)["rng"]
+        rng_b = sharded.read_rank(b.files, rank, where=b.path)["rng"]
+        assert torch.equal(rng_a["torch"], rng_b["torch"]), f"rank {rank} torch RNG differs"
+        assert rng_a["python"] == rng_b["python"], f"rank {rank} python RNG differs"
+
+
+@pytest.mark.parametrize("strategy", ["ddp", "fsdp"])
+def test_a_two_rank_job_killed_and_resumed_is_bit_identical(
+    strategy, job, trainer, tmp_path, trust
+):
+    reference = job(strategy, 2)
+    victim = tmp_path / "victim"
+    killed = trainer(victim, f"dist.strategy={strategy}", nproc=2, pause_at="step-35")
+    assert killed.returncode != 0
+    assert [s for s, _ in scan(victim / "r").committed] == [10, 20, 30]
+    resumed = trainer(victim, f"dist.strategy={strategy}", "+resume=latest", nproc=2)
+    assert resumed.returncode == 0, resumed.output
+    assert "resumed from" in resumed.output and "resharded" not in resumed.output
+    assert_same_job(reference, victim / "r", trust, ranks=2)
+    final = resume.load(victim / "r" / step_dir_name(STEPS), trust)
+    spread = final.decoded.meta[DISTRIBUTED]
+    assert spread["world_size"] == 2 and spread["strategy"] == strategy
+    assert final.manifest.recovery["world_size"] == 2
+    names = {rec.name for rec in final.manifest.files}
+    assert {"dcp/.metadata", "ranks/rank-00000.json", "ranks/rank-00001.safetensors"} <= names
+    assert not any(n.startswith("model") for n in names)  # the weights are in dcp/ only
+
+
+@pytest.fixture(scope="module")
+def seed_band(job):
+    """Run-to-run spread of the mean loss over steps 61-80 across seeds (single process)."""
+    means = []
+    for seed in range(4):
+        steps = effective_steps(job(None, 1, seed=seed) / METRICS_FILE)
+        means.append(statistics.fmean(steps[s]["loss"] for s in range(61, STEPS + 1)))
+    return statistics.stdev(means)
+
+
+@pytest.mark.parametrize(("before", "after"), [(2, 1), (1, 2)])
+def test_a_resume_on_another_world_size_reshards_and_stays_in_the_seed_band(
+    before, after, job, trainer, tmp_path, trust, signer, seed_band, capsys
+):
+    reference = job("fsdp", before)
+    root = tmp_path / "resharded"
+    shutil.copytree(reference.parent, root, ignore=shutil.ignore_patterns("*.log"))
+    for step in (70, 80):
+        shutil.rmtree(root / "r" / step_dir_name(step))
+    resumed = trainer(root, "dist.strategy=fsdp", "+resume=latest", nproc=after)
+    assert resumed.returncode == 0, resumed.output
+    assert f"saved by {before} rank(s), resumed on {after}" in resumed.output
+    ref = effective_steps(reference / METRICS_FILE)
+    got = effective_steps(root / "r" / METRICS_FILE)
+    # the schedule and the global data cursor continue exactly; only the RNG was reseeded
+    for step in range(61, STEPS + 1):
+        for key in ("lr", "epoch", "batch"):
+            assert got[step][key] == ref[step][key], f"step {step}: {key} differs"
+    assert any(got[s]["loss"] != ref[s]["loss"] for s in range(61, STEPS + 1))
+    gap = abs(
+        statistics.fmean(got[s]["loss"] for s in range(61, STEPS + 1))
+        - statistics.fmean(ref[s]["loss"] for s in range(61, STEPS + 1))
+    )
+    assert gap <= 3 * seed_band, f"loss moved {gap:.4f}; seed-to-seed spread {seed_band:.4f}"
+
+    final = root / "r" / step_dir_name(STEPS)
+    head = resume.load(final, trust)
+    assert head.manifest.recovery["world_size"] == after
+    assert head.manifest.recovery["provenance"]["resharded"]["from"] == before
+    [seg] = [s for s in head.manifest.recovery["lineage"] if s["kind"] == "resume"]
+    assert seg["resharded"] == {
+        "from": before,
+        "to": after,
+        "rng": "reseeded from (seed, step, rank)",
+    }
+    assert seg["world_size"] == after and seg["at_step"] == 60
+
+    capsys.readouterr()
+    assert cli.main(["audit", str(final), "--trusted", str(signer.path.parent)]) == 0
+    text = capsys.readouterr().out
+    assert f"world {after}" in text and f"world {before}" in text
+    assert f"resharded {before}->{after} ranks" in text
+    assert cli.main(["audit", str(final), "--json", "--trusted", str(signer.path.parent)]) == 0
+    links = json.loads(capsys.readouterr().out)["links"]
+    [hop] = [link for link in links if link["relation"] == "resume"]
+    assert hop["world_size"] == before and hop["resharded"]["to"] == after
+
+
+@pytest.mark.parametrize("point", ["rank-1-write-30", "rank-1-sharded-30"])
+def test_a_rank_killed_mid_save_commits_nothing_and_the_job_resumes(
+    point, job, trainer, tmp_path, trust
+):
+    reference = job("ddp", 2)
+    root = tmp_path / "job"
+    killed = trainer(root, nproc=2, pause_at=point, kill_marked_rank=True, timeout=240)
+    assert killed.returncode != 0
+    listing = scan(root / "r")
+    assert [s for s, _ in listing.committed] == [10, 20]  # step 30 never committed
+    assert listing.stale, "the abandoned write stays as an unsigned temp directory"
+    resumed = trainer(root, "+resume=latest", nproc=2)
+    assert resumed.returncode == 0, resumed.output
+    assert "resumed from" in resumed.output and "step-00000020" in resumed.output
+    assert "removing" in resumed.output and "never committed" in resumed.output
+    assert_same_job(reference, root / "r", trust, ranks=2)
+
+
+def test_a_plain_process_resumes_a_two_rank_checkpoint(job, trainer, tmp_path, trust):
+    reference = job("fsdp", 2)
+    root = tmp_path / "plain"
+    shutil.copytree(reference.parent, root, ignore=shutil.ignore_patterns("*.log"))
+    for step in (70, 80):
+        shutil.rmtree(root / "r" / step_dir_name(step))
+    resumed = trainer(root, "+resume=latest")
+    assert resumed.returncode == 0, resumed.output
+    assert "saved by 2 rank(s), resumed on 1" in resumed.output
+    final = resume.load(root / "r" / step_dir_name(STEPS), trust)
+    assert DISTRIBUTED not in final.decoded.meta and "model" in final.decoded.tree
+    assert final.manifest.recovery["world_size"] == 1
+
+
+@pytest.mark.filterwarnings("ignore:torch.distributed is disabled")
+def test_a_two_rank_checkpoint_exports_and_warm_starts_a_new_run(
+    job, trainer, tmp_path, trust, signer, data_root, monkeypatch
+):
+    from recipes import export as recipe_export
+    from recovery.export import load_inference
+
+    reference = job("ddp", 2)
+    monkeypatch.setenv(KEY_ENV, str(signer.path))
+    out = tmp_path / "artifact"
+    code = recipe_export.main(
+        [
+            f"checkpoint.root={reference.parent}",
+            f"recipe.data.root={data_root}",
+            *SMALL,
+            f"export.out={out}",
+        ]
+    )
+    assert code == 0
+    predictor = load_inference(out, trust)
+    assert predictor.inputs == ["user_id", "item_id"]
+    art = reader.read_manifest(out, trust)
+    assert art.purpose == "inference" and art.recovery["lineage"][-1]["kind"] == "export"
+
+    started = trainer(
+        tmp_path / "warm", f"+init_from={reference / step_dir_name(STEPS)}", "run.name=w"
+    )
+    assert started.returncode == 0, started.output
+    assert "warm start" in started.output and "initialised from" in started.output
