@@ -14,10 +14,13 @@
 
 from __future__ import annotations
 
+import warnings
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
 import torch
+import torch.distributed as dist
 from torch.distributed.checkpoint.api import CheckpointException
 from torch.distributed.checkpoint.filesystem import FileSystemReader, FileSystemWriter
 from torch.distributed.checkpoint.metadata import TensorStorageMetadata
@@ -35,6 +38,18 @@ SHARDED = ("model", "optimizer")
 """Components that go through DCP in a distributed checkpoint."""
 PER_RANK = ("rng",)
 """Components every rank saves for itself."""
+
+
+def _alone() -> bool:
+    """No process group: DCP reads and writes in this process only."""
+    return not (dist.is_available() and dist.is_initialized())
+
+
+def _quiet(fn: Callable[..., Any], /, *args: Any, **kwargs: Any) -> Any:
+    """``fn(*args, **kwargs)`` without DCP's warning that it runs in one process (we know)."""
+    with warnings.catch_warnings():
+        warnings.filterwarnings("ignore", message="torch.distributed is (disabled|unavailable)")
+        return fn(*args, **kwargs)
 
 
 def is_dcp(name: str) -> bool:
@@ -93,7 +108,7 @@ def full_model(directory: Path) -> dict[str, torch.Tensor]:
         for fqn, meta in reader.read_metadata().state_dict_metadata.items()
         if fqn.startswith(prefix) and isinstance(meta, TensorStorageMetadata)
     }
-    dcp_load(target, storage_reader=FileSystemReader(directory))
+    _quiet(dcp_load, target, storage_reader=FileSystemReader(directory), no_dist=_alone())
     return {fqn[len(prefix) :]: t for fqn, t in target.items()}
 
 
@@ -123,9 +138,11 @@ def save(
         What ``state.json`` keeps: the optimizer's param groups.
     """
     msd, osd = get_state_dict(model, optimizer)
-    dcp_save(
+    _quiet(
+        dcp_save,
         {"model": msd, "optimizer": osd["state"]},
         storage_writer=FileSystemWriter(directory, sync_files=True),
+        no_dist=_alone(),
     )
     return {"param_groups": osd["param_groups"]}
 
@@ -158,7 +175,7 @@ def load(
         torch.Tensor, lambda t: t.detach().clone(), {"model": msd, "optimizer": osd["state"]}
     )
     try:
-        dcp_load(target, storage_reader=FileSystemReader(directory))
+        _quiet(dcp_load, target, storage_reader=FileSystemReader(directory), no_dist=_alone())
     except (Exception, CheckpointException) as err:
         reason = failure(err)
         raise IncompatibleStateError(

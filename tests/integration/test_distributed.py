@@ -201,7 +201,6 @@ def test_a_plain_process_resumes_a_two_rank_checkpoint(job, trainer, tmp_path, t
     assert final.manifest.recovery["world_size"] == 1
 
 
-@pytest.mark.filterwarnings("ignore:torch.distributed is disabled")
 def test_a_two_rank_checkpoint_exports_and_warm_starts_a_new_run(
     job, trainer, tmp_path, trust, signer, data_root, monkeypatch
 ):

@@ -157,7 +157,6 @@ def _trained(seed: int, width: int = 4) -> tuple[Net, torch.optim.Optimizer]:
     return net, opt
 
 
-@pytest.mark.filterwarnings("ignore:torch.distributed is disabled")
 def test_dcp_save_and_load_in_one_process_and_a_refused_load_changes_nothing(tmp_path):
     net, opt = _trained(0)
     saved = sharded.save(net, opt, tmp_path / "dcp")
