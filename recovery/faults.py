@@ -43,7 +43,7 @@ def reach(point: str) -> None:
         return
     mark = os.environ.get(MARK_ENV)
     if mark:
-        tmp = f"{mark}.tmp"
+        tmp = f"{mark}.{os.getpid()}.tmp"  # ranks of one job may pause at once
         with open(tmp, "w") as fh:
             fh.write(f"{point}\n{os.getpid()}\n")
         os.replace(tmp, mark)

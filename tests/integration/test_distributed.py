@@ -5,6 +5,7 @@ from __future__ import annotations
 import json
 import os
 import shutil
+import signal
 import statistics
 import subprocess
 import sys
@@ -229,3 +230,18 @@ def test_a_two_rank_checkpoint_exports_and_warm_starts_a_new_run(
     )
     assert started.returncode == 0, started.output
     assert "warm start" in started.output and "initialised from" in started.output
+
+
+def test_sigterm_to_a_torchrun_job_checkpoints_every_rank_at_one_step(
+    job, trainer, tmp_path, trust
+):
+    reference = job("ddp", 2)
+    root = tmp_path / "preempted"
+    # torchrun's agent gets SIGTERM (as from a scheduler) and forwards it to every rank
+    stopped = trainer(root, nproc=2, pause_at="step-25", signals=(signal.SIGTERM,))
+    assert stopped.returncode != 0
+    assert stopped.output.count("preempted: SIGTERM: checkpointed step 26") == 2  # both ranks
+    assert [s for s, _ in scan(root / "r").committed] == [10, 20, 26]
+    resumed = trainer(root, "+resume=latest", nproc=2)
+    assert resumed.returncode == 0, resumed.output
+    assert_same_job(reference, root / "r", trust, ranks=2)
