@@ -11,8 +11,6 @@ artifact. One process writes a run directory at a time.
 from __future__ import annotations
 
 import logging
-import os
-import shutil
 import time
 import uuid
 from collections.abc import Callable, Mapping
@@ -30,8 +28,8 @@ from recovery import (
     multirank,
     policy,
     purpose,
-    reader,
     resume,
+    retention,
     sharded,
     snapshot,
     tracking,
@@ -43,8 +41,7 @@ from recovery.config import CheckpointConfig
 from recovery.distributed import World
 from recovery.errors import Preempted, PurposeError, RecoveryError, RunDirInUseError
 from recovery.journal import Journal
-from recovery.layout import BEST_DIR, DISTRIBUTED, scan, step_dir_name
-from recovery.layout import temp_dir_for as layout_temp
+from recovery.layout import DISTRIBUTED, scan, step_dir_name
 from recovery.manifest import Manifest
 from recovery.preemption import PreemptionGuard
 from recovery.purpose import BUILTIN, PurposeSpec
@@ -467,8 +464,22 @@ class Checkpointer:
             if record:
                 self.previous = lineage.link(mf, final, self.root)
                 if self.cfg.keep_best:
-                    self._keep_best(final, mf)
-                self._retain(step)
+                    retention.keep_best(
+                        self.run_dir,
+                        final,
+                        mf,
+                        metric=self.cfg.best_metric,
+                        mode=self.cfg.best_mode,
+                        trust=self.trust,
+                        allow_untrusted=self.allow_untrusted,
+                    )
+                retention.retain(
+                    self.run_dir,
+                    step,
+                    keep_last=self.cfg.keep_last,
+                    keep_every=self.cfg.keep_every,
+                    retire=self.publisher.retire if self.publisher is not None else None,
+                )
                 self._record(step, pause if pause is not None else write_s, waited, write_s, mf)
             if self.publisher is not None:
                 self.publisher.submit(final)
@@ -485,44 +496,6 @@ class Checkpointer:
         if self.resharded:
             extra["resharded"] = self.resharded
         return {**self.provenance, **extra}
-
-    def _keep_best(self, final: Path, mf: Manifest) -> None:
-        """Copy ``final`` to ``<run>/best/`` if its metric beats the kept best (atomically).
-
-        The copy is independent (new files, not links), so nothing that later
-        happens to the run's checkpoints can alter it.
-        """
-        value = mf.recovery.get("metrics", {}).get(self.cfg.best_metric)
-        if not isinstance(value, int | float):
-            return
-        best_dir = self.run_dir / BEST_DIR
-        current = [p for p in best_dir.glob("step-*") if p.is_dir()] if best_dir.is_dir() else []
-        best_value = None
-        for path in current:
-            try:
-                kept = reader.read_manifest(path, self.trust, allow_untrusted=self.allow_untrusted)
-                best_value = kept.recovery.get("metrics", {}).get(self.cfg.best_metric)
-            except RecoveryError as err:
-                log.warning("best checkpoint %s does not verify (%s); replacing it", path, err)
-        if not policy.is_better(float(value), best_value, mode=self.cfg.best_mode):
-            return
-        best_dir.mkdir(exist_ok=True)
-        tmp = layout_temp(best_dir / final.name)
-        shutil.copytree(final, tmp, copy_function=shutil.copyfile)
-        for f in tmp.iterdir():
-            f.chmod(0o644)
-        commit.fsync_dir(tmp)
-        for old in current:
-            shutil.rmtree(old, ignore_errors=True)
-        os.rename(tmp, best_dir / final.name)
-        commit.fsync_dir(best_dir)
-        log.info(
-            "best checkpoint: %s (%s %s %.6g)",
-            final.name,
-            self.cfg.best_metric,
-            self.cfg.best_mode,
-            float(value),
-        )
 
     def _record(self, step: int, pause: float, waited: float, write_s: float, mf: Manifest) -> None:
         nbytes = sum(r.size for r in mf.files)
@@ -566,18 +539,6 @@ class Checkpointer:
         """
         if self._writer is not None:
             self.pause_s += self._writer.wait()
-
-    def _retain(self, newest: int) -> None:
-        paths = dict(scan(self.run_dir).committed)
-        doomed = policy.to_delete(
-            paths, newest=newest, keep_last=self.cfg.keep_last, keep_every=self.cfg.keep_every
-        )
-        for step in doomed:
-            log.info("retention: removing %s", paths[step])
-            if self.publisher is None:
-                shutil.rmtree(paths[step], ignore_errors=True)
-            else:
-                self.publisher.retire(paths[step])  # in order with its registration
 
     def _event(self, record: dict[str, Any]) -> None:
         if self.journal is not None:

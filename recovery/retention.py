@@ -1,0 +1,93 @@
+"""What a run keeps: its newest checkpoints and milestones, and an independent copy of its best.
+
+Both run after a new checkpoint is committed, on the committing process only
+(rank 0 of a ``torchrun`` job). The decisions are :mod:`recovery.policy`'s
+pure functions; this module applies them to the directory.
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+import shutil
+from collections.abc import Callable
+from pathlib import Path
+
+from recovery import commit, policy, reader
+from recovery.errors import RecoveryError
+from recovery.layout import BEST_DIR, scan, temp_dir_for
+from recovery.manifest import Manifest
+from recovery.signing import TrustStore
+
+log = logging.getLogger(__name__)
+
+
+def retain(
+    run_dir: Path,
+    newest: int,
+    *,
+    keep_last: int,
+    keep_every: int,
+    retire: Callable[[Path], None] | None = None,
+) -> list[Path]:
+    """Delete the committed checkpoints the policy no longer keeps; return them.
+
+    ``retire`` (the DVC publisher's) removes a checkpoint in order with its
+    registration; without it the directory is deleted at once.
+    """
+    paths = dict(scan(run_dir).committed)
+    doomed = policy.to_delete(paths, newest=newest, keep_last=keep_last, keep_every=keep_every)
+    for step in doomed:
+        log.info("retention: removing %s", paths[step])
+        if retire is None:
+            shutil.rmtree(paths[step], ignore_errors=True)
+        else:
+            retire(paths[step])
+    return [paths[step] for step in doomed]
+
+
+def keep_best(
+    run_dir: Path,
+    final: Path,
+    mf: Manifest,
+    *,
+    metric: str,
+    mode: str,
+    trust: TrustStore,
+    allow_untrusted: bool,
+) -> bool:
+    """Copy ``final`` to ``<run>/best/`` if its ``metric`` beats the kept best (atomically).
+
+    The copy is independent (new files, not links; subdirectories of a
+    distributed checkpoint included), so nothing that later happens to the
+    run's checkpoints can alter it. A kept best that no longer verifies is
+    replaced. Returns whether ``final`` became the best.
+    """
+    value = mf.recovery.get("metrics", {}).get(metric)
+    if not isinstance(value, int | float):
+        return False
+    best_dir = run_dir / BEST_DIR
+    current = [p for p in best_dir.glob("step-*") if p.is_dir()] if best_dir.is_dir() else []
+    best_value = None
+    for path in current:
+        try:
+            kept = reader.read_manifest(path, trust, allow_untrusted=allow_untrusted)
+            best_value = kept.recovery.get("metrics", {}).get(metric)
+        except RecoveryError as err:
+            log.warning("best checkpoint %s does not verify (%s); replacing it", path, err)
+    if not policy.is_better(float(value), best_value, mode=mode):
+        return False
+    best_dir.mkdir(exist_ok=True)
+    tmp = temp_dir_for(best_dir / final.name)
+    shutil.copytree(final, tmp, copy_function=shutil.copyfile)
+    for directory in [tmp, *(p for p in tmp.rglob("*") if p.is_dir())]:
+        for f in directory.iterdir():
+            if f.is_file():
+                f.chmod(0o644)  # committed files are read-only; the copy must be deletable later
+        commit.fsync_dir(directory)
+    for old in current:
+        shutil.rmtree(old, ignore_errors=True)
+    os.rename(tmp, best_dir / final.name)
+    commit.fsync_dir(best_dir)
+    log.info("best checkpoint: %s (%s %s %.6g)", final.name, metric, mode, float(value))
+    return True
