@@ -4,7 +4,7 @@ VENV := .venv
 BIN := $(VENV)/bin
 STAMP := $(VENV)/.installed
 
-.PHONY: demo test lint install clean bench
+.PHONY: demo test lint install clean bench bench-dist
 
 $(BIN)/python:
 	$(PY) -m venv $(VENV)
@@ -37,3 +37,7 @@ clean:
 # Speed is a benchmark, never a test: results go to BENCHMARKS.md by hand.
 bench: $(STAMP)
 	$(BIN)/python benchmarks/bench_checkpoint.py --size-gb 1.0 --runs 5 --json .bench.json
+
+# The distributed commit against DCP alone, in one 2-rank torchrun job (gloo on CPU).
+bench-dist: $(STAMP)
+	$(BIN)/python benchmarks/bench_distributed.py --nproc 2 --size-mb 256 --runs 5

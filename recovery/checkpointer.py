@@ -42,7 +42,7 @@ from recovery.distributed import World
 from recovery.errors import Preempted, PurposeError, RecoveryError, RunDirInUseError
 from recovery.journal import Journal
 from recovery.layout import DISTRIBUTED, scan, step_dir_name
-from recovery.manifest import Manifest
+from recovery.manifest import FileRecord, Manifest
 from recovery.preemption import PreemptionGuard
 from recovery.purpose import BUILTIN, PurposeSpec
 from recovery.signing import Signer, TrustStore
@@ -358,7 +358,7 @@ class Checkpointer:
         started: float,
     ) -> None:
         """A distributed save (:mod:`recovery.multirank`): every rank writes, rank 0 commits."""
-        tmp, groups = multirank.write_parts(state, final, self.world, step)
+        tmp, groups, hashed = multirank.write_parts(state, final, self.world, step)
         committed = False
         try:
             if self.world.leader:
@@ -375,7 +375,7 @@ class Checkpointer:
                     0.0,
                     expect=expect,
                     tmp=tmp,
-                    adopt=multirank.adopted(tmp),
+                    adopt=multirank.adopted(tmp, hashed),
                     extra={DISTRIBUTED: multirank.describe(self.world, self.strategy, groups)},
                 )
                 job(started)
@@ -412,7 +412,7 @@ class Checkpointer:
         pause: float | None = None,
         expect: dict[str, Any] | None = None,
         tmp: Path | None = None,
-        adopt: list[str] | None = None,
+        adopt: list[str | FileRecord] | None = None,
         extra: dict[str, Any] | None = None,
     ) -> Callable[..., Path]:
         """Everything after the snapshot, as a closure that may run on another thread.

@@ -78,7 +78,7 @@ def commit(
     *,
     signer: Signer,
     tmp: Path | None = None,
-    adopt: Sequence[str] = (),
+    adopt: Sequence[str | FileRecord] = (),
 ) -> Manifest:
     """Write ``files`` and their signed manifest, then atomically publish them as ``final``.
 
@@ -92,8 +92,9 @@ def commit(
         tmp: a temp directory (:func:`~recovery.layout.temp_dir_for`) that already
             exists, holding files other processes wrote (the ranks of a
             distributed save); default: a new one.
-        adopt: the files in ``tmp`` to hash (fsynced by their writers) and list
-            in the manifest with ``files``.
+        adopt: files already in ``tmp`` (fsynced by their writers) to list in the
+            manifest with ``files``: a name is hashed here; a record is taken
+            as its writer hashed it.
 
     Returns:
         The manifest that was committed.
@@ -107,7 +108,12 @@ def commit(
         tmp = temp_dir_for(final)
         tmp.mkdir()
     try:
-        records = [FileRecord(name, *tensorfile.hash_file(tmp / name)) for name in adopt]
+        records = [
+            item
+            if isinstance(item, FileRecord)
+            else FileRecord(item, *tensorfile.hash_file(tmp / item))
+            for item in adopt
+        ]
         total = sum(tensorfile.size_of(d) for d in files.values() if not isinstance(d, bytes))
         with bytes_bar(total, f"saving {final.name}") as progress:
             for i, (name, data) in enumerate(files.items()):

@@ -146,6 +146,30 @@ def leader_first(fn: Callable[[], T]) -> T:
     return fn() if not world.leader else result  # type: ignore[return-value]
 
 
+def gather_text(text: str) -> list[str]:
+    """Every rank's ``text`` (UTF-8), in rank order, on every rank.
+
+    Two collectives: the longest length, then one fixed-size byte buffer per
+    rank (gloo and nccl both gather tensors, not strings).
+    """
+    if not current().distributed:
+        return [text]
+    raw = text.encode()
+    longest = _reduce([len(raw)], "max")[0]
+    mine = torch.zeros(longest + 8, dtype=torch.uint8, device=_device())
+    mine[:8] = torch.tensor(list(len(raw).to_bytes(8, "big")), dtype=torch.uint8)
+    if raw:
+        mine[8 : 8 + len(raw)] = torch.tensor(list(raw), dtype=torch.uint8)
+    parts = [torch.empty_like(mine) for _ in range(dist.get_world_size())]
+    dist.all_gather(parts, mine)
+    out = []
+    for part in parts:
+        values = part.cpu().tolist()
+        n = int.from_bytes(bytes(values[:8]), "big")
+        out.append(bytes(values[8 : 8 + n]).decode())
+    return out
+
+
 def barrier() -> None:
     """Wait for every rank (no-op in a world of one)."""
     if current().distributed:

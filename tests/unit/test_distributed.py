@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import hashlib
 import os
 import socket
 
@@ -9,7 +10,7 @@ import pytest
 import torch
 import torch.multiprocessing as mp
 
-from recovery import commit, distributed, multirank, reader, rng, sharded
+from recovery import commit, distributed, multirank, reader, rng, sharded, tensorfile
 from recovery.config import DistConfig
 from recovery.distributed import World
 from recovery.errors import (
@@ -18,6 +19,7 @@ from recovery.errors import (
     FormatError,
     IncompatibleStateError,
 )
+from recovery.manifest import FileRecord
 
 
 @pytest.mark.parametrize(
@@ -39,6 +41,7 @@ def test_a_single_process_is_a_world_of_one_and_its_collectives_are_identities()
     assert distributed.all_ok(False) is False
     assert distributed.broadcast_int(7) == 7
     assert distributed.broadcast_text("step-1.tmp-ab") == "step-1.tmp-ab"
+    assert distributed.gather_text("a") == ["a"]
     x = torch.tensor(0.25)
     assert distributed.mean(x) is x
     calls = []
@@ -76,6 +79,7 @@ def _collectives(rank: int, port: int, out: str) -> None:
             distributed.broadcast_int(41 if world.leader else -1),
             distributed.broadcast_text("step-00000030.tmp-0f" if world.leader else ""),
             float(distributed.mean(torch.tensor(float(rank)))),
+            distributed.gather_text("é" * (rank * 3)),
         ]
         with open(f"{out}.{rank}", "w") as fh:
             fh.write(repr(results))
@@ -89,13 +93,26 @@ def test_collectives_agree_across_two_real_gloo_ranks(tmp_path):
     for rank in (0, 1):
         with open(f"{out}.{rank}") as fh:
             got = eval(fh.read())  # our own repr of plain values
-        assert got == [rank, 2, [True, False], False, True, 41, "step-00000030.tmp-0f", 0.5]
+        assert got == [
+            rank,
+            2,
+            [True, False],
+            False,
+            True,
+            41,
+            "step-00000030.tmp-0f",
+            0.5,
+            ["", "ééé"],
+        ]
 
 
 def test_rank_files_round_trip_and_a_missing_rank_is_named(tmp_path):
     tree = {"rng": rng.capture()}
     records = sharded.write_rank(tmp_path, 1, tree)
-    assert [r.name for r in records] == ["rank-00001.safetensors", "rank-00001.json"]
+    assert [r.name for r in records] == ["ranks/rank-00001.safetensors", "ranks/rank-00001.json"]
+    assert (
+        records[1].sha256 == hashlib.sha256((tmp_path / records[1].name).read_bytes()).hexdigest()
+    )
     files = {
         "ranks/rank-00001.json": (tmp_path / "ranks/rank-00001.json").read_bytes(),
         "ranks/rank-00001.safetensors": torch.frombuffer(
@@ -115,7 +132,8 @@ def test_commit_adopts_files_other_processes_wrote_and_verification_covers_them(
     final = tmp_path / "step-00000005"
     tmp = final.with_name(final.name + ".tmp-abc123")
     (tmp / "dcp").mkdir(parents=True)
-    (tmp / "dcp" / "__0_0.distcp").write_bytes(b"shard zero")
+    shard = tmp / "dcp" / "__0_0.distcp"
+    shard.write_bytes(b"shard zero")  # hashed by its writer, sent as a record
     (tmp / "dcp" / ".metadata").write_bytes(b"not read by us")
     mf = commit.commit(
         final,
@@ -123,7 +141,7 @@ def test_commit_adopts_files_other_processes_wrote_and_verification_covers_them(
         {"step": 5},
         signer=signer,
         tmp=tmp,
-        adopt=["dcp/.metadata", "dcp/__0_0.distcp"],
+        adopt=["dcp/.metadata", FileRecord("dcp/__0_0.distcp", *tensorfile.hash_file(shard))],
     )
     assert not tmp.exists()
     assert {r.name for r in mf.files} == {"dcp/.metadata", "dcp/__0_0.distcp", "state.json"}

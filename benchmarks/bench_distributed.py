@@ -1,0 +1,175 @@
+"""A torchrun job's checkpoint against DCP alone, measured in the same job.
+
+    python benchmarks/bench_distributed.py [--nproc 2] [--size-mb 256] [--runs 5] [--strategy fsdp]
+
+Starts itself under ``torchrun`` (gloo on CPU). Every rank holds an FSDP2 (or
+DDP) model of ~``size-mb`` MiB of fp32 parameters with Adam's moments after
+one step (3x the parameters in all). Each run times, on rank 0 from a barrier
+to the end:
+
+- ``DCP save``: ``torch.distributed.checkpoint.save`` of the same model and
+  optimizer tensors (``sync_files=True``), into a fresh directory: the
+  baseline;
+- ``ours``: :meth:`recovery.checkpointer.Checkpointer.save`, the whole
+  distributed commit (each rank's own files, the DCP shards, each rank
+  hashing what it wrote, the agreements and the digests sent to rank 0, rank
+  0's replicated state, the signature, the rename). Retention keeps two of
+  ours; each DCP baseline is deleted after its run.
+
+Reported: the median of ``--runs`` runs and the ratio ours / DCP, and, for
+reference, how long one process takes to read back and hash all of one DCP
+save's files (what rank 0 did before each rank hashed its own).
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import shutil
+import statistics
+import subprocess
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+import torch
+
+
+def worker(args: argparse.Namespace) -> None:
+    import torch.distributed as dist
+    from torch.distributed.checkpoint.filesystem import FileSystemWriter
+    from torch.distributed.checkpoint.state_dict import get_state_dict
+    from torch.distributed.checkpoint.state_dict_saver import save as dcp_save
+
+    from recipes.common import parallelize
+    from recovery import distributed, tensorfile
+    from recovery.checkpointer import Checkpointer
+    from recovery.config import CheckpointConfig, DistConfig
+    from recovery.sampler import ResumableSampler
+    from recovery.signing import Signer, TrustStore, generate_keypair
+    from recovery.state import TrainState
+
+    world = distributed.setup(DistConfig(strategy=args.strategy))
+    torch.manual_seed(0)
+    width = 1024
+    layers = max(1, round(args.size_mb * (1 << 20) / 4 / (width * width + width)))
+    blocks = [torch.nn.Linear(width, width) for _ in range(layers)]
+    model = torch.nn.Sequential(*blocks)
+    net = parallelize(model, world, args.strategy, parts=blocks)
+    opt = torch.optim.Adam(model.parameters(), lr=1e-3)
+    net(torch.randn(4, width)).pow(2).mean().backward()
+    opt.step()
+    state = TrainState(
+        model=model,
+        optimizer=opt,
+        scheduler=torch.optim.lr_scheduler.LambdaLR(opt, lambda step: 1.0),
+        sampler=ResumableSampler(1000, 8, 0),
+    )
+    root = Path(args.dir)
+    keys = root / "keys"
+    if world.leader:
+        generate_keypair(keys)
+    distributed.barrier()
+    signer = Signer(keys / "recovery.key")
+    trust = TrustStore()
+    trust.add_pem(signer.public_pem, source="bench")
+    ck = CheckpointConfig(root=str(root), every_steps=0, keep_last=2)
+    ckpt = Checkpointer(
+        ck,
+        root / "run",
+        final_step=10**9,
+        signer=signer,
+        trust=trust,
+        provenance={"note": "benchmark"},
+        world=world,
+        strategy=args.strategy,
+    )
+    ckpt.restore(state)
+
+    def dcp_only(i: int) -> None:
+        msd, osd = get_state_dict(model, opt)
+        dcp_save(
+            {"model": msd, "optimizer": osd["state"]},
+            storage_writer=FileSystemWriter(root / f"dcp-{i}", sync_files=True),
+        )
+
+    def ours(i: int) -> None:
+        ckpt.save(state, i + 1)
+
+    times: dict[str, list[float]] = {"DCP save": [], "ours (distributed commit)": []}
+    for i in range(args.runs):
+        for name, fn in (("DCP save", dcp_only), ("ours (distributed commit)", ours)):
+            distributed.barrier()
+            started = time.perf_counter()
+            fn(i)
+            distributed.barrier()
+            times[name].append(time.perf_counter() - started)
+        if world.leader:
+            shards = [f for f in (root / f"dcp-{i}").rglob("*") if f.is_file()]
+            nbytes = sum(f.stat().st_size for f in shards)
+            started = time.perf_counter()
+            for f in shards:  # what each rank hashing its own shards replaced
+                tensorfile.hash_file(f)
+            times.setdefault("for reference: one process hashing every shard", []).append(
+                time.perf_counter() - started
+            )
+            shutil.rmtree(root / f"dcp-{i}")  # retention keeps ours to two
+    if world.leader:
+        Path(args.out).write_text(
+            json.dumps({"times": times, "bytes": nbytes, "world": world.size, "layers": layers})
+        )
+    dist.barrier()
+    distributed.exit_now(0)
+
+
+def main(argv: list[str] | None = None) -> int:
+    ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    ap.add_argument("--nproc", type=int, default=2)
+    ap.add_argument("--size-mb", type=float, default=256)
+    ap.add_argument("--runs", type=int, default=5)
+    ap.add_argument("--strategy", choices=("ddp", "fsdp"), default="fsdp")
+    ap.add_argument("--dir", default=None, help="scratch directory (default: a temp dir)")
+    ap.add_argument("--out", default=None, help=argparse.SUPPRESS)
+    args = ap.parse_args(argv)
+    if "RANK" in os.environ:
+        worker(args)
+        return 0
+    scratch = Path(args.dir or tempfile.mkdtemp(prefix="bench-dist-"))
+    out = scratch / "result.json"
+    cmd = [
+        sys.executable,
+        "-m",
+        "torch.distributed.run",
+        "--standalone",
+        f"--nproc_per_node={args.nproc}",
+        __file__,
+        f"--size-mb={args.size_mb}",
+        f"--runs={args.runs}",
+        f"--strategy={args.strategy}",
+        f"--dir={scratch}",
+        f"--out={out}",
+    ]
+    root = Path(__file__).resolve().parent.parent
+    env = {**os.environ, "PYTHONPATH": str(root)}
+    try:
+        subprocess.run(cmd, check=True, env=env)
+        result = json.loads(out.read_text())
+    finally:
+        if args.dir is None:
+            shutil.rmtree(scratch, ignore_errors=True)
+    med = {k: statistics.median(v) for k, v in result["times"].items()}
+    base = med["DCP save"]
+    print(
+        f"{result['world']} ranks ({args.strategy}), {result['bytes'] / 2**20:.0f} MiB of DCP "
+        f"data, median of {args.runs} runs"
+    )
+    print("| method | median s | ratio to DCP save |\n|---|---|---|")
+    for name, seconds in med.items():
+        print(f"| {name} | {seconds:.3f} | {seconds / base:.2f} |")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
