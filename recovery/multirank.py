@@ -86,14 +86,7 @@ def write_parts(
         faults.reach(f"rank-{world.rank}-write-{step}")
     except (OSError, RecoveryError) as err:
         failure = err
-    if not distributed.all_ok(failure is None):
-        _abandon(tmp, world)
-        raise CommitError(
-            f"step {step}: a rank could not write its state"
-            + (f" (this rank: {failure})" if failure else "")
-            + "; nothing was committed and earlier checkpoints are intact.",
-            path=final,
-        ) from failure
+    _agree(failure, "write its state", tmp=tmp, world=world, final=final, step=step)
     model, optimizer = state.components[MODEL], state.components[OPTIMIZER]
     try:
         groups = sharded.save(model, optimizer, tmp / DCP_DIR)
@@ -105,26 +98,34 @@ def write_parts(
             path=final,
         ) from err
     faults.reach(f"rank-{world.rank}-sharded-{step}")
-    # each rank hashes what it wrote, in parallel; rank 0 gets every digest instead of
-    # reading every shard back (measured: that read-back was half of the commit's cost)
+    # each rank hashes what it wrote, in parallel, and sends rank 0 the digests: rank 0
+    # reading every rank's shards back would be the whole checkpoint's size in reads on one node
     records: list[FileRecord] = []
     try:
         records = [*own, *_hash_shards(tmp, world.rank)]
     except OSError as err:
         failure = err
-    if not distributed.all_ok(failure is None):
-        _abandon(tmp, world)
-        raise CommitError(
-            f"step {step}: a rank could not hash its shards"
-            + (f" (this rank: {failure})" if failure else "")
-            + "; nothing was committed.",
-            path=final,
-        ) from failure
+    _agree(failure, "hash its shards", tmp=tmp, world=world, final=final, step=step)
     gathered = distributed.gather_text(json.dumps([[r.name, r.sha256, r.size] for r in records]))
     every = [
         FileRecord(str(n), str(h), int(s)) for text in gathered for n, h, s in json.loads(text)
     ]
     return tmp, groups, every
+
+
+def _agree(
+    failure: BaseException | None, doing: str, *, tmp: Path, world: World, final: Path, step: int
+) -> None:
+    """Continue only if every rank succeeded; otherwise abandon the save on all of them."""
+    if distributed.all_ok(failure is None):
+        return
+    _abandon(tmp, world)
+    raise CommitError(
+        f"step {step}: a rank could not {doing}"
+        + (f" (this rank: {failure})" if failure else "")
+        + "; nothing was committed and earlier checkpoints are intact.",
+        path=final,
+    ) from failure
 
 
 def _hash_shards(tmp: Path, rank: int) -> list[FileRecord]:
