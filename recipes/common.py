@@ -23,7 +23,7 @@ import torch
 from omegaconf import DictConfig, OmegaConf
 from tqdm import tqdm
 
-from recovery import distributed, faults, provenance, trust
+from recovery import distributed, faults, provenance, sharded, trust
 from recovery.checkpointer import Checkpointer
 from recovery.config import (
     CheckpointConfig,
@@ -175,9 +175,12 @@ def health_monitor(
     hc = typed(HealthConfig, OmegaConf.select(cfg, "health", default=None), key="health")
     if not hc.enabled:
         return None, None
-    monitor = HealthMonitor(hc)
-    state.add("health", monitor)
     model = state.components.get("model")
+    world = distributed.current()
+    # a sharded model's probe follows this rank's shard, which another world size does not
+    basis = f"sharded:{world.size}:{world.rank}" if sharded.is_sharded(model) else "replicated"
+    monitor = HealthMonitor(hc, basis=basis)
+    state.add("health", monitor)
     probe = (
         UpdateProbe(model.parameters(), hc.sample) if isinstance(model, torch.nn.Module) else None
     )

@@ -193,14 +193,17 @@ def run(cfg: DictConfig) -> int:
     opt = state.components["optimizer"]
     sched = state.components["scheduler"]
     sampler: ResumableSampler = state.components["sampler"]
-    loss_fn = nn.BCEWithLogitsLoss()
+    # summed, then divided by the *global* batch size and scaled by the world size: DDP/FSDP
+    # average gradients over ranks, so this is the global batch's mean gradient even when
+    # the slices are uneven (the short last batch of an epoch) or empty
+    loss_fn = nn.BCEWithLogitsLoss(reduction="sum")
 
     def one_step() -> common.StepResult:
         epoch, ids = sampler.next_batch()  # the global batch: every rank draws the same
         index = torch.from_numpy(ids[world.rank :: world.size])  # this rank's slice
         lr = float(opt.param_groups[0]["lr"])
         logits = net(data.users[index], data.items[index])
-        loss = loss_fn(logits, data.labels[index])
+        loss = loss_fn(logits, data.labels[index]) * (world.size / len(ids))
         opt.zero_grad(set_to_none=True)
         loss.backward()
         opt.step()

@@ -516,8 +516,9 @@ class Checkpointer:
         )
 
     def _preempt(self, state: TrainState, step: int, metrics: dict[str, Any] | None) -> None:
-        assert self.preemption is not None and self.preemption.requested is not None
-        signal_name = self.preemption.requested
+        # under torchrun another rank may have been signalled first: this one follows it
+        requested = self.preemption.requested if self.preemption is not None else None
+        signal_name = requested or "a peer rank's preemption"
         if self.last_saved != step:
             self.save(state, step, metrics=metrics, sync=True)
         elif self._writer is not None:

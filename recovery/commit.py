@@ -121,6 +121,8 @@ def commit(
                 (tmp / name).parent.mkdir(parents=True, exist_ok=True)
                 rec = write_entry(tmp / name, data, fault_point=point, progress=progress)
                 records.append(FileRecord(name, rec.sha256, rec.size))
+        for sub in sorted((p for p in tmp.rglob("*") if p.is_dir()), reverse=True):
+            fsync_dir(sub)  # entries in dcp/, ranks/ (their files were fsynced by their writers)
         faults.reach(f"commit-before-manifest-{step}")
         statement = manifest.build(final.name, records, {**recovery, "signer": signer.describe()})
         body = manifest.payload(statement)

@@ -204,7 +204,7 @@ class DistConfig:
     strategy: str = "ddp"
     """``ddp``: replicated model and optimizer; ``fsdp``: both sharded (FSDP2 ``fully_shard``)."""
     backend: str = "auto"
-    """``auto`` (nccl with CUDA, else gloo), ``gloo`` or ``nccl``."""
+    """``auto`` (gloo: the recipes train on CPU), ``gloo`` or ``nccl`` (for CUDA tensors)."""
     timeout_s: float = 300.0
     """How long a collective waits for a missing rank before the job fails."""
 

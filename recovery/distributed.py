@@ -64,8 +64,8 @@ def setup(cfg: DistConfig) -> World:
         return SINGLE
     if not (dist.is_available() and dist.is_initialized()):
         backend = cfg.backend
-        if backend == "auto":
-            backend = "nccl" if torch.cuda.is_available() else "gloo"
+        if backend == "auto":  # the recipes train on CPU tensors, which nccl cannot carry
+            backend = "gloo"
         if backend == "nccl":
             torch.cuda.set_device(int(os.environ.get("LOCAL_RANK", "0")))
         dist.init_process_group(backend, timeout=timedelta(seconds=cfg.timeout_s))

@@ -35,7 +35,7 @@ import torch
 from recovery import faults, resume
 from recovery.errors import DrillError
 from recovery.journal import effective_steps, read
-from recovery.layout import METRICS_FILE, step_dir_name
+from recovery.layout import DISTRIBUTED, METRICS_FILE, step_dir_name
 from recovery.sampler import ResumableSampler
 from recovery.signing import TrustStore
 
@@ -349,7 +349,11 @@ def preflight(path: Path, trust: TrustStore) -> dict[str, Any]:
     problems = []
     if loaded.decoded.step != expect["step"]:
         problems.append(f"step: restored {loaded.decoded.step}, recorded {expect['step']}")
-    lrs = [float(g["lr"]) for g in tree.get("optimizer", {}).get("param_groups", [])]
+    # a torchrun checkpoint keeps its optimizer's param groups beside its DCP shards
+    groups = tree.get("optimizer", {}).get("param_groups") or loaded.decoded.meta.get(
+        DISTRIBUTED, {}
+    ).get("optimizer", {}).get("param_groups", [])
+    lrs = [float(g["lr"]) for g in groups]
     if lrs != expect.get("lr"):
         problems.append(f"learning rate: restored {lrs}, recorded {expect.get('lr')}")
     cursor = tree.get("sampler")

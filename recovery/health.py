@@ -248,8 +248,12 @@ class HealthMonitor:
     its history travels in every checkpoint; loading it arms the judgement.
     """
 
-    def __init__(self, cfg: HealthConfig) -> None:
+    def __init__(self, cfg: HealthConfig, *, basis: str = "replicated") -> None:
         self.cfg = cfg
+        self.basis = basis
+        """What the update probe samples: ``replicated`` parameters (the same at any world
+        size), or one rank's shard (``sharded:<world>:<rank>``), which a resume on
+        another world size does not continue."""
         self.history: deque[dict[str, float]] = deque(maxlen=cfg.history)
         self._before: list[dict[str, float]] | None = None
         self._after: list[dict[str, float]] = []
@@ -286,7 +290,7 @@ class HealthMonitor:
         return verdict
 
     def state_dict(self) -> dict[str, Any]:
-        return {"history": [dict(r) for r in self.history]}
+        return {"history": [dict(r) for r in self.history], "basis": self.basis}
 
     def check_state_dict(self, state: Any) -> list[str]:
         if not isinstance(state, dict) or not isinstance(state.get("history"), list):
@@ -301,3 +305,8 @@ class HealthMonitor:
         self.history.extend(dict(r) for r in state["history"])
         self._before = list(self.history)
         self._after = []
+        if state.get("basis", "replicated") != self.basis:
+            # the probe now samples other elements: judge the loss alone
+            self._before = [{k: v for k, v in r.items() if k != UPDATE} for r in self._before]
+            self.history.clear()
+            self.history.extend(self._before)

@@ -187,6 +187,8 @@ def load_state(
     spread = loaded.decoded.meta.get(DISTRIBUTED)
     saved_size = int(spread["world_size"]) if isinstance(spread, dict) else 1
     via_dcp = isinstance(spread, dict)
+    if not via_dcp:
+        sharded.refuse_plain_into_sharded(state.components.get(MODEL), loaded.path)
     plain = [n for n in state.components if not (via_dcp and n in sharded.SHARDED)]
     problems = state.mismatches(tree, only=plain)
     own: dict[str, Any] | None = None

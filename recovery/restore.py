@@ -139,6 +139,7 @@ def warm_start_from(
     purpose.check_use(
         purpose.INIT, loaded.manifest.purpose, where=str(path), present=loaded.components
     )
+    sharded.refuse_plain_into_sharded(state.components.get(MODEL), path)
     tree = sharded.tree_with_model(loaded.decoded.tree, path, loaded.decoded.meta)
     if MODEL not in tree:
         raise PurposeError(f"{path}: holds no model weights to start from", missing=[MODEL])

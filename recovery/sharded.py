@@ -52,6 +52,28 @@ def _quiet(fn: Callable[..., Any], /, *args: Any, **kwargs: Any) -> Any:
         return fn(*args, **kwargs)
 
 
+def is_sharded(model: object) -> bool:
+    """Whether ``model``'s parameters are sharded (FSDP2's DTensors)."""
+    params = getattr(model, "parameters", None)
+    return callable(params) and any(callable(getattr(p, "to_local", None)) for p in params())
+
+
+def refuse_plain_into_sharded(model: object, where: Path) -> None:
+    """A single-process checkpoint's full tensors cannot be copied into sharded parameters.
+
+    Raises:
+        IncompatibleStateError: naming what to do instead.
+    """
+    if is_sharded(model):
+        raise IncompatibleStateError(
+            f"{where}: was written by a single process (plain tensors); this run shards its "
+            "model (dist.strategy=fsdp), which cannot load it yet. Resume it with "
+            "dist.strategy=ddp, or in one process, and go on from that run's checkpoints.",
+            mismatches=["single-process checkpoint into sharded parameters"],
+            path=where,
+        )
+
+
 def is_dcp(name: str) -> bool:
     """Whether a manifest entry is a DCP file (verified, then read by DCP, never by us)."""
     return name.startswith(DCP_PREFIX)

@@ -24,6 +24,10 @@ from recovery.errors import ConfigError, IncompatibleStateError
 log = logging.getLogger(__name__)
 
 DROP_ENV = "RECOVERY_DRILL_DROP"
+OPTIONAL = frozenset({"health"})
+"""Diagnostic components a checkpoint may lack, or hold while the run does not register
+them (the resume health history): never part of the training trajectory, so a
+mismatch in them must not stop a resume."""
 MODEL = "model"
 OPTIMIZER = "optimizer"
 RNG = "rng"
@@ -171,12 +175,16 @@ class TrainState:
                 the component sets must then match exactly.
         """
         wanted = only if only is not None else self.names
-        problems = [f"component '{n}' is not in the checkpoint" for n in wanted if n not in tree]
+        problems = [
+            f"component '{n}' is not in the checkpoint"
+            for n in wanted
+            if n not in tree and n not in OPTIONAL
+        ]
         if only is None:
             problems += [
                 f"checkpoint has component '{n}', which this run does not register"
                 for n in tree
-                if n not in self.names
+                if n not in self.names and n not in OPTIONAL
             ]
         else:
             tree = {k: v for k, v in tree.items() if k in only}
@@ -220,7 +228,7 @@ class TrainState:
         if dropped:
             log.warning("%s=%s: NOT restoring %s (drill failure test)", DROP_ENV, dropped, dropped)
         for name, obj in self.components.items():
-            if (only is None or name in only) and name != dropped:
+            if (only is None or name in only) and name != dropped and name in tree:
                 obj.load_state_dict(tree[name])
         if (only is None or RNG in only) and dropped != RNG:
             rng.restore(tree[RNG])

@@ -179,3 +179,19 @@ def test_monitor_refuses_what_is_not_a_history(state):
 def test_health_config_is_validated(kwargs, message):
     with pytest.raises(ConfigError, match=message):
         HealthConfig(**kwargs)
+
+
+def test_a_resume_onto_another_shard_basis_judges_the_loss_alone():
+    cfg = HealthConfig(window=5, fit=10, history=40)
+    before = HealthMonitor(cfg, basis="sharded:2:0")
+    for r in series(60):
+        before.observe(int(r["step"]), loss=r["loss"], lr=1.0, update=r["update"])
+    after = HealthMonitor(cfg, basis="sharded:1:0")
+    after.load_state_dict(before.state_dict())
+    assert all("update" not in r for r in after.history)
+    verdicts = [
+        after.observe(int(r["step"]), loss=r["loss"], lr=1.0, update=r["update"] * 3)
+        for r in series(5, start=61, seed=4)
+    ]
+    assert verdicts[-1] is not None and set(verdicts[-1].signals) == {"loss"}
+    assert verdicts[-1].status == OK  # the tripled update size is not compared across bases

@@ -140,3 +140,19 @@ def test_add_registers_one_more_component_and_refuses_duplicates_and_non_statefu
         state.add("rng", sampler)
     with pytest.raises(ConfigError, match="state_dict"):
         state.add("other", object())
+
+
+def test_the_health_history_is_optional_in_both_directions():
+    from recovery.config import HealthConfig
+    from recovery.health import HealthMonitor
+
+    plain = tiny_state()
+    tree = plain.state_dict()
+    watched = tiny_state()
+    watched.add("health", HealthMonitor(HealthConfig()))
+    assert watched.mismatches(tree) == []  # a checkpoint from before the monitor
+    watched.load_state_dict(tree)
+    tree_with = watched.state_dict()
+    assert "health" in tree_with
+    assert plain.mismatches(tree_with) == []  # a run with health.enabled=false
+    plain.load_state_dict(tree_with)
