@@ -32,7 +32,6 @@ from recovery.config import BACKTESTS, HealthConfig
 
 LOSS = "loss"
 UPDATE = "update"
-SIGNALS = (LOSS, UPDATE)
 OK, WARN, SKIPPED = "ok", "warn", "skipped"
 
 

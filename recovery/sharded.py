@@ -31,7 +31,7 @@ from torch.utils._pytree import tree_map_only
 
 from recovery import codec, commit, tensorfile
 from recovery.errors import FormatError, IncompatibleStateError
-from recovery.layout import DCP_DIR, DCP_PREFIX, DISTRIBUTED, RANK_DIR, TENSOR_SUFFIX
+from recovery.layout import DCP_DIR, DISTRIBUTED, RANK_DIR, TENSOR_SUFFIX
 from recovery.manifest import FileRecord
 
 SHARDED = ("model", "optimizer")
@@ -72,11 +72,6 @@ def refuse_plain_into_sharded(model: object, where: Path) -> None:
             mismatches=["single-process checkpoint into sharded parameters"],
             path=where,
         )
-
-
-def is_dcp(name: str) -> bool:
-    """Whether a manifest entry is a DCP file (verified, then read by DCP, never by us)."""
-    return name.startswith(DCP_PREFIX)
 
 
 def rank_names(rank: int) -> tuple[str, str]:
