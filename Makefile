@@ -15,7 +15,7 @@ $(BIN)/python:
 $(STAMP): pyproject.toml | $(BIN)/python
 	$(BIN)/python -m pip install -q --upgrade pip
 	$(BIN)/python -m pip install -q torch==2.13.0 numpy
-	$(BIN)/python -m pip install -q -e '.[dev]'
+	$(BIN)/python -m pip install -q -e '.[all,dev]'
 	touch $(STAMP)
 
 install: $(STAMP)
@@ -24,6 +24,7 @@ lint: $(STAMP)
 	$(BIN)/ruff check recovery recipes tests train.py demo.py benchmarks
 	$(BIN)/ruff format --check recovery recipes tests train.py demo.py benchmarks
 	$(BIN)/mypy
+	$(BIN)/lint-imports
 
 test: $(STAMP) lint
 	$(BIN)/python -m pytest -q

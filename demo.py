@@ -30,11 +30,13 @@ import sys
 import time
 from pathlib import Path
 
-from recovery import faults, resume, trust
+from recovery import faults
 from recovery.cli import parameters_digest
 from recovery.config import SigningConfig
-from recovery.journal import effective_steps, read
-from recovery.layout import METRICS_FILE, scan, step_dir_name
+from recovery.format.layout import METRICS_FILE, scan, step_dir_name
+from recovery.integrity import trust
+from recovery.run import resume
+from recovery.run.journal import effective_steps, read
 
 HERE = Path(__file__).resolve().parent
 DEMO = HERE / ".demo"

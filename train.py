@@ -13,8 +13,8 @@ import hydra
 from omegaconf import DictConfig
 
 import recipes
-from recovery import distributed
 from recovery.cli import report
+from recovery.dist import world as distributed
 from recovery.errors import RecoveryError
 
 

@@ -38,9 +38,11 @@ import safetensors.torch
 import torch
 import torch.distributed.checkpoint as dcp
 
-from recovery import commit, resume, snapshot
-from recovery.signing import Signer, TrustStore, generate_keypair
-from recovery.staging import Staging
+from recovery.integrity import commit
+from recovery.integrity.signing import Signer, TrustStore, generate_keypair
+from recovery.run import resume
+from recovery.run.staging import Staging
+from recovery.state import snapshot
 
 
 def make_state(size_gb: float, *, fill: bool = True) -> dict[str, Any]:

@@ -44,12 +44,13 @@ def worker(args: argparse.Namespace) -> None:
     from torch.distributed.checkpoint.state_dict_saver import save as dcp_save
 
     from recipes.common import parallelize
-    from recovery import distributed, tensorfile
-    from recovery.checkpointer import Checkpointer
     from recovery.config import CheckpointConfig, DistConfig
-    from recovery.sampler import ResumableSampler
-    from recovery.signing import Signer, TrustStore, generate_keypair
-    from recovery.state import TrainState
+    from recovery.dist import world as distributed
+    from recovery.format import tensorfile
+    from recovery.integrity.signing import Signer, TrustStore, generate_keypair
+    from recovery.run.checkpointer import Checkpointer
+    from recovery.state.registry import TrainState
+    from recovery.state.sampler import ResumableSampler
 
     world = distributed.setup(DistConfig(strategy=args.strategy))
     torch.manual_seed(0)

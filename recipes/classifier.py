@@ -32,8 +32,8 @@ from recipes import common
 from recipes.common import seed_everything, warmup_cosine
 from recovery.config import TrainConfig, typed
 from recovery.errors import ConfigError
-from recovery.sampler import ResumableSampler
-from recovery.state import TrainState
+from recovery.state.registry import TrainState
+from recovery.state.sampler import ResumableSampler
 
 log = logging.getLogger(__name__)
 

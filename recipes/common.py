@@ -23,8 +23,7 @@ import torch
 from omegaconf import DictConfig, OmegaConf
 from tqdm import tqdm
 
-from recovery import distributed, faults, provenance, sharded, trust
-from recovery.checkpointer import Checkpointer
+from recovery import faults
 from recovery.config import (
     CheckpointConfig,
     DistConfig,
@@ -34,14 +33,19 @@ from recovery.config import (
     TrainConfig,
     typed,
 )
-from recovery.distributed import World
+from recovery.dist import sharded
+from recovery.dist import world as distributed
+from recovery.dist.world import World
 from recovery.errors import ConfigError, Preempted
-from recovery.health import WARN, HealthMonitor, UpdateProbe, Verdict
-from recovery.journal import Journal
-from recovery.layout import METRICS_FILE
-from recovery.preemption import PreemptionGuard
-from recovery.purpose import PurposeSpec
-from recovery.state import TrainState
+from recovery.format.layout import METRICS_FILE
+from recovery.integrity import trust
+from recovery.provenance import capture as provenance
+from recovery.provenance.purpose import PurposeSpec
+from recovery.run.checkpointer import Checkpointer
+from recovery.run.journal import Journal
+from recovery.run.preemption import PreemptionGuard
+from recovery.state.health import WARN, HealthMonitor, UpdateProbe, Verdict
+from recovery.state.registry import TrainState
 
 log = logging.getLogger(__name__)
 

@@ -20,12 +20,12 @@ from torch import nn
 from recipes import common
 from recipes.common import seed_everything, warmup_cosine
 from recipes.data import DataConfig, Interactions, load
-from recovery import distributed
 from recovery.config import TrainConfig, typed
-from recovery.distributed import World
+from recovery.dist import world as distributed
+from recovery.dist.world import World
 from recovery.errors import ConfigError
-from recovery.sampler import ResumableSampler
-from recovery.state import TrainState
+from recovery.state.registry import TrainState
+from recovery.state.sampler import ResumableSampler
 
 log = logging.getLogger(__name__)
 

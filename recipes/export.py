@@ -27,9 +27,12 @@ from torch import nn
 
 from recipes.data import Interactions, load
 from recipes.embedding import DotProduct, EmbeddingConfig
-from recovery import export, resume, sharded, trust
 from recovery.config import CheckpointConfig, RunConfig, SigningConfig, typed
+from recovery.dist import sharded
 from recovery.errors import ConfigError, ExportError
+from recovery.integrity import trust
+from recovery.run import resume
+from recovery.tools import export
 
 log = logging.getLogger(__name__)
 CONF_DIR = Path(__file__).resolve().parent.parent / "conf"

@@ -6,14 +6,15 @@ pieces, a :class:`Checkpointer` that saves and restores it atomically, a
 verifying reader. See README.md for the formats and the CLI.
 """
 
-from recovery.checkpointer import Checkpointer
 from recovery.config import CheckpointConfig, RunConfig, TrainConfig
-from recovery.export import load_inference
-from recovery.journal import Journal
-from recovery.reader import read_verified
-from recovery.resume import select
-from recovery.sampler import ResumableSampler
-from recovery.state import Stateful, TrainState
+from recovery.integrity.reader import read_verified
+from recovery.run.checkpointer import Checkpointer
+from recovery.run.journal import Journal
+from recovery.run.resume import select
+from recovery.state.registry import Stateful, TrainState
+from recovery.state.sampler import ResumableSampler
+from recovery.tools.export import load_inference
+from recovery.version import __version__ as __version__
 
 __all__ = [
     "CheckpointConfig",
@@ -28,4 +29,3 @@ __all__ = [
     "read_verified",
     "select",
 ]
-__version__ = "0.1.0"

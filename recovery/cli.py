@@ -19,12 +19,16 @@ from typing import Any
 
 import torch
 
-from recovery import audit, drill, errors, policy, resume, signing, tracking
-from recovery.config import SigningConfig
-from recovery.export import load_inference
-from recovery.layout import scan
-from recovery.signing import PUBLIC_KEY_FILE, TrustStore
-from recovery.state import MODEL
+from recovery import errors
+from recovery.config import SigningConfig, parse_duration
+from recovery.format.layout import scan
+from recovery.integrity import signing
+from recovery.integrity.signing import PUBLIC_KEY_FILE, TrustStore
+from recovery.run import policy, resume
+from recovery.state.registry import MODEL
+from recovery.storage import tracking
+from recovery.tools import audit, drill
+from recovery.tools.export import load_inference
 
 # Most specific first: the first isinstance match decides the code.
 EXIT_CODES: list[tuple[type[BaseException], int, str]] = [
@@ -276,7 +280,7 @@ def cmd_sync(args: argparse.Namespace) -> int:
     publisher = tracking.Publisher(root, push=args.push, remote=args.remote)
     for path in todo:
         publisher.submit(path)
-    done = publisher.close(policy.parse_duration(args.timeout))
+    done = publisher.close(parse_duration(args.timeout))
     after = tracking.status(run_dir)
     left = [
         p.name
@@ -492,9 +496,9 @@ def cmd_audit(args: argparse.Namespace) -> int:
 
 def cmd_plan(args: argparse.Namespace) -> int:
     try:
-        cost = policy.parse_duration(args.cost)
-        mtbf = policy.parse_duration(args.mtbf)
-        intervals = [policy.parse_duration(t) for t in args.intervals.split(",")]
+        cost = parse_duration(args.cost)
+        mtbf = parse_duration(args.mtbf)
+        intervals = [parse_duration(t) for t in args.intervals.split(",")]
     except ValueError as err:
         raise errors.ConfigError(f"plan: {err}") from None
     best = policy.young_daly(cost, mtbf)

@@ -3,7 +3,8 @@
 Hydra composes plain YAML; :func:`typed` merges a composed node onto its
 dataclass schema (OmegaConf checks key names and types) and builds the
 dataclass, whose ``__post_init__`` checks ranges. After that, code receives
-dataclasses, never raw config nodes.
+dataclasses, never raw config nodes. Only :func:`typed` needs OmegaConf (the
+``[hydra]`` extra): an own loop builds the dataclasses directly.
 """
 
 from __future__ import annotations
@@ -12,11 +13,31 @@ import re
 from dataclasses import dataclass, field
 from typing import Any, ClassVar, TypeVar
 
-from omegaconf import OmegaConf
-from omegaconf.errors import OmegaConfBaseException
-
 from recovery.errors import ConfigError
-from recovery.policy import parse_duration
+
+_UNITS = {"s": 1.0, "m": 60.0, "h": 3600.0, "d": 86400.0}
+
+
+def parse_duration(text: str | float | int) -> float:
+    """Seconds in ``60``, ``90s``, ``5m``, ``24h`` or ``2d``.
+
+    Raises:
+        ValueError: not a positive duration.
+    """
+    if isinstance(text, int | float) and not isinstance(text, bool):
+        value = float(text)
+    else:
+        raw = str(text).strip().lower()
+        unit = _UNITS.get(raw[-1:])
+        number = raw[:-1] if unit is not None else raw
+        try:
+            value = float(number) * (unit or 1.0)
+        except ValueError:
+            raise ValueError(f"expected a duration like 60s, 5m, 24h or 2d, got {text!r}") from None
+    if not value > 0:
+        raise ValueError(f"expected a positive duration, got {text!r}")
+    return value
+
 
 T = TypeVar("T")
 
@@ -230,6 +251,10 @@ def typed(schema: type[T], node: Any, *, key: str) -> T:
     Raises:
         ConfigError: naming the key, the bad value and the reason.
     """
+    # OmegaConf comes with the [hydra] extra; the core (own loops) builds the dataclasses itself
+    from omegaconf import OmegaConf
+    from omegaconf.errors import OmegaConfBaseException
+
     aliases: dict[str, str] = getattr(schema, "ALIASES", {})
     if node is not None and not isinstance(node, dict):
         try:  # resolve interpolations while the node still knows its parents

@@ -9,12 +9,15 @@ from pathlib import Path
 import pytest
 import torch
 
-from recovery import commit, manifest, provenance, snapshot, tensorfile
-from recovery.layout import SIGNATURE_FILE, step_dir_name
-from recovery.purpose import BUILTIN
-from recovery.sampler import ResumableSampler
-from recovery.signing import Signer, TrustStore, generate_keypair
-from recovery.state import TrainState
+from recovery.format import manifest, tensorfile
+from recovery.format.layout import SIGNATURE_FILE, step_dir_name
+from recovery.integrity import commit
+from recovery.integrity.signing import Signer, TrustStore, generate_keypair
+from recovery.provenance import capture as provenance
+from recovery.provenance.purpose import BUILTIN
+from recovery.state import snapshot
+from recovery.state.registry import TrainState
+from recovery.state.sampler import ResumableSampler
 
 
 def tensor_bytes(tensors) -> bytes:

@@ -15,11 +15,12 @@ import psutil
 import pytest
 import torch
 
-from recovery import faults, resume
-from recovery.drill import flat_tensors
-from recovery.journal import effective_steps
-from recovery.layout import METRICS_FILE, step_dir_name
-from recovery.trust import KEY_ENV
+from recovery import faults
+from recovery.format.layout import METRICS_FILE, step_dir_name
+from recovery.integrity.trust import KEY_ENV
+from recovery.run import resume
+from recovery.run.journal import effective_steps
+from recovery.tools.drill import flat_tensors
 
 ROOT = Path(__file__).resolve().parents[2]
 TRAIN = ROOT / "train.py"

@@ -10,7 +10,7 @@ import sys
 import pytest
 
 from recovery import cli
-from recovery.journal import effective_steps
+from recovery.run.journal import effective_steps
 from tests.integration.conftest import ROOT, TRAIN
 
 pytestmark = pytest.mark.integration

@@ -14,11 +14,14 @@ import pytest
 import torch
 
 from recipes.embedding import DotProduct
-from recovery import cli, reader, resume, sharded
-from recovery.drill import flat_tensors
-from recovery.journal import effective_steps
-from recovery.layout import DISTRIBUTED, METRICS_FILE, scan, step_dir_name
-from recovery.trust import KEY_ENV
+from recovery import cli
+from recovery.dist import sharded
+from recovery.format.layout import DISTRIBUTED, METRICS_FILE, scan, step_dir_name
+from recovery.integrity import reader
+from recovery.integrity.trust import KEY_ENV
+from recovery.run import resume
+from recovery.run.journal import effective_steps
+from recovery.tools.drill import flat_tensors
 from tests.integration.conftest import SMALL, STEPS, TRAIN, torchrun
 
 # SMALL's model: 200 users, 100 items, dim 32; checkpoints every 10 steps, the last 3 kept
@@ -206,7 +209,7 @@ def test_a_two_rank_checkpoint_exports_and_warm_starts_a_new_run(
     job, trainer, tmp_path, trust, signer, data_root, monkeypatch
 ):
     from recipes import export as recipe_export
-    from recovery.export import load_inference
+    from recovery.tools.export import load_inference
 
     reference = job("ddp", 2)
     monkeypatch.setenv(KEY_ENV, str(signer.path))

@@ -5,8 +5,8 @@ from __future__ import annotations
 import json
 import shutil
 
-from recovery.layout import METRICS_FILE
-from recovery.state import DROP_ENV
+from recovery.format.layout import METRICS_FILE
+from recovery.state.registry import DROP_ENV
 
 # history of 50 steps at the resume; a judgement needs fit + window + 10 = 30
 HEALTH = ("health.fit=10", "health.window=10", "health.history=60")

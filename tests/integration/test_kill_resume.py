@@ -7,8 +7,8 @@ import json
 import pytest
 
 from recovery import cli
-from recovery.journal import read
-from recovery.layout import scan, step_dir_name
+from recovery.format.layout import scan, step_dir_name
+from recovery.run.journal import read
 from tests.integration.conftest import assert_same_run
 
 pytestmark = pytest.mark.integration

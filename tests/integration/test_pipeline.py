@@ -13,8 +13,10 @@ from pathlib import Path
 import pytest
 import torch
 
-from recovery import cli, resume, tracking
-from recovery.layout import step_dir_name
+from recovery import cli
+from recovery.format.layout import step_dir_name
+from recovery.run import resume
+from recovery.storage import tracking
 from tests.integration.conftest import ROOT, assert_same_run
 
 pytestmark = pytest.mark.integration
@@ -171,7 +173,7 @@ def _ids(proj: Path) -> tuple[torch.Tensor, torch.Tensor]:
 
 
 def _trust(signer):
-    from recovery.signing import TrustStore
+    from recovery.integrity.signing import TrustStore
 
     store = TrustStore()
     store.add_pem(signer.public_pem, source="test")

@@ -12,8 +12,8 @@ import pytest
 import safetensors.numpy
 
 from recovery import cli
-from recovery.journal import read
-from recovery.layout import step_dir_name
+from recovery.format.layout import step_dir_name
+from recovery.run.journal import read
 from tests.integration.conftest import ROOT
 
 pytestmark = pytest.mark.integration

@@ -12,11 +12,12 @@ from pathlib import Path
 import pytest
 import torch
 
-from recovery import cli, tracking
-from recovery.checkpointer import Checkpointer
+from recovery import cli
 from recovery.config import CheckpointConfig, DvcConfig
-from recovery.journal import Journal
-from recovery.layout import step_dir_name
+from recovery.format.layout import step_dir_name
+from recovery.run.checkpointer import Checkpointer
+from recovery.run.journal import Journal
+from recovery.storage import tracking
 from tests.conftest import tiny_state, train_steps
 
 pytestmark = pytest.mark.integration

@@ -7,15 +7,16 @@ import threading
 import pytest
 import torch
 
-from recovery import commit, resume
-from recovery.cadence import Cadence
-from recovery.checkpointer import Checkpointer
 from recovery.config import CheckpointConfig
 from recovery.errors import CommitError, Preempted
-from recovery.journal import Journal, read
-from recovery.layout import scan, step_dir_name
-from recovery.preemption import PreemptionGuard
-from recovery.staging import Staging
+from recovery.format.layout import scan, step_dir_name
+from recovery.integrity import commit
+from recovery.run import resume
+from recovery.run.cadence import Cadence
+from recovery.run.checkpointer import Checkpointer
+from recovery.run.journal import Journal, read
+from recovery.run.preemption import PreemptionGuard
+from recovery.run.staging import Staging
 from tests.conftest import tiny_state, train_steps
 
 

@@ -5,7 +5,7 @@ import pytest
 
 import recovery
 from recovery import cli, errors
-from recovery.layout import step_dir_name
+from recovery.format.layout import step_dir_name
 from tests.conftest import commit_state, tiny_state
 
 

@@ -4,8 +4,8 @@ import numpy as np
 import pytest
 import torch
 
-from recovery import codec
 from recovery.errors import FormatError
+from recovery.format import codec
 from tests.conftest import tensor_bytes, tensors_from
 
 

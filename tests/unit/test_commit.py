@@ -2,9 +2,9 @@ import os
 
 import pytest
 
-from recovery import commit, reader
 from recovery.errors import CommitError
-from recovery.layout import scan, step_dir_name
+from recovery.format.layout import scan, step_dir_name
+from recovery.integrity import commit, reader
 from tests.conftest import commit_state, tiny_state
 
 

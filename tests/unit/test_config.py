@@ -46,7 +46,7 @@ def test_bad_values_name_the_key(schema, node, match):
 
 
 def test_purpose_yaml_matches_the_library_contracts():
-    from recovery.purpose import BUILTIN, PurposeSpec
+    from recovery.provenance.purpose import BUILTIN, PurposeSpec
 
     cfg = composed()
     for name, spec in BUILTIN.items():

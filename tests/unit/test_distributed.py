@@ -10,16 +10,20 @@ import pytest
 import torch
 import torch.multiprocessing as mp
 
-from recovery import commit, distributed, multirank, reader, rng, sharded, tensorfile
 from recovery.config import DistConfig
-from recovery.distributed import World
+from recovery.dist import multirank, sharded
+from recovery.dist import world as distributed
+from recovery.dist.world import World
 from recovery.errors import (
     ConfigError,
     DigestMismatchError,
     FormatError,
     IncompatibleStateError,
 )
-from recovery.manifest import FileRecord
+from recovery.format import tensorfile
+from recovery.format.manifest import FileRecord
+from recovery.integrity import commit, reader
+from recovery.state import rng
 
 
 @pytest.mark.parametrize(

@@ -2,11 +2,11 @@ import random
 
 import pytest
 
-from recovery import drill
-from recovery.checkpointer import Checkpointer
 from recovery.config import CheckpointConfig
 from recovery.errors import DrillError
-from recovery.layout import step_dir_name
+from recovery.format.layout import step_dir_name
+from recovery.run.checkpointer import Checkpointer
+from recovery.tools import drill
 from tests.conftest import tiny_state, train_steps
 
 

@@ -10,8 +10,8 @@ import torch
 from recipes.data import DataConfig, generate, load
 from recipes.embedding import DotProduct, EmbeddingConfig
 from recipes.export import parity, spec_for
-from recovery import export
 from recovery.errors import ExportError, FormatError
+from recovery.tools import export
 
 
 def test_program_holds_no_pickle_and_serves_raw_ids(tmp_path):

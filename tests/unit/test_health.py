@@ -10,7 +10,7 @@ import torch
 
 from recovery.config import HealthConfig
 from recovery.errors import ConfigError
-from recovery.health import (
+from recovery.state.health import (
     OK,
     SKIPPED,
     WARN,

@@ -1,4 +1,4 @@
-from recovery.journal import Journal, effective_steps, read
+from recovery.run.journal import Journal, effective_steps, read
 
 
 def test_last_record_of_each_step_wins_and_torn_line_is_skipped(tmp_path):

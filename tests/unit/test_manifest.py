@@ -3,9 +3,9 @@ from pathlib import Path
 
 import pytest
 
-from recovery import manifest
 from recovery.errors import ManifestError, UnsafePathError
-from recovery.manifest import FileRecord
+from recovery.format import manifest
+from recovery.format.manifest import FileRecord
 
 
 def files():

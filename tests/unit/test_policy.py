@@ -1,10 +1,10 @@
 import pytest
 
-from recovery.policy import (
+from recovery.config import parse_duration
+from recovery.run.policy import (
     auto_interval,
     due,
     is_better,
-    parse_duration,
     plan,
     should_save,
     to_delete,

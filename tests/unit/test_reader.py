@@ -12,8 +12,6 @@ import pickle
 import pytest
 import torch
 
-from recovery import reader, rng, snapshot
-from recovery.checkpointer import Checkpointer
 from recovery.config import CheckpointConfig
 from recovery.errors import (
     CheckpointNotFoundError,
@@ -29,7 +27,10 @@ from recovery.errors import (
     UnsafePathError,
     UntrustedSignerError,
 )
-from recovery.layout import SIGNATURE_FILE
+from recovery.format.layout import SIGNATURE_FILE
+from recovery.integrity import reader
+from recovery.run.checkpointer import Checkpointer
+from recovery.state import rng, snapshot
 from tests.conftest import make_signer, resign, tiny_state
 
 FILES = [

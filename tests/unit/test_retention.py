@@ -2,8 +2,9 @@
 
 from __future__ import annotations
 
-from recovery import commit, reader, retention
-from recovery.layout import BEST_DIR, step_dir_name
+from recovery.format.layout import BEST_DIR, step_dir_name
+from recovery.integrity import commit, reader
+from recovery.run import retention
 
 
 def committed(run_dir, step, value, signer, *, nested=False):

@@ -4,8 +4,9 @@ import numpy as np
 import pytest
 import torch
 
-from recovery import codec, rng
 from recovery.errors import IncompatibleStateError
+from recovery.format import codec
+from recovery.state import rng
 from tests.conftest import tensor_bytes, tensors_from
 
 

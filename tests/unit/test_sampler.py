@@ -2,7 +2,7 @@ import numpy as np
 import pytest
 
 from recovery.errors import ConfigError, IncompatibleStateError
-from recovery.sampler import ResumableSampler
+from recovery.state.sampler import ResumableSampler
 
 
 def consume(sampler, n):

@@ -1,10 +1,10 @@
 import pytest
 import torch
 
-from recovery import rng
 from recovery.errors import ConfigError, IncompatibleStateError
-from recovery.sampler import ResumableSampler
-from recovery.state import TrainState
+from recovery.state import rng
+from recovery.state.registry import TrainState
+from recovery.state.sampler import ResumableSampler
 from tests.conftest import tensor_bytes, tensors_from, tiny_state, train_steps
 
 
@@ -114,7 +114,7 @@ def test_bad_components():
 
 
 def test_grad_scaler_state_roundtrips_through_the_format():
-    from recovery import codec
+    from recovery.format import codec
 
     scaler = torch.amp.GradScaler("cpu", init_scale=1024.0, growth_interval=7)
     scaler._lazy_init_scale_growth_tracker(torch.device("cpu"))
@@ -144,7 +144,7 @@ def test_add_registers_one_more_component_and_refuses_duplicates_and_non_statefu
 
 def test_the_health_history_is_optional_in_both_directions():
     from recovery.config import HealthConfig
-    from recovery.health import HealthMonitor
+    from recovery.state.health import HealthMonitor
 
     plain = tiny_state()
     tree = plain.state_dict()

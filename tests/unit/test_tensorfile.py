@@ -7,8 +7,8 @@ import pytest
 import safetensors.torch
 import torch
 
-from recovery import tensorfile
 from recovery.errors import FormatError
+from recovery.format import tensorfile
 
 
 def tensors():

@@ -35,11 +35,14 @@ from typing import Any
 
 import torch
 
-from recovery import codec, commit, lineage, purpose, resume
 from recovery.errors import FormatError, PurposeError
-from recovery.layout import IO_SIGNATURE_FILE, PROGRAM_FILE, STATE_FILE, tensor_file
-from recovery.manifest import Manifest
-from recovery.signing import Signer, TrustStore
+from recovery.format import codec
+from recovery.format.layout import IO_SIGNATURE_FILE, PROGRAM_FILE, STATE_FILE, tensor_file
+from recovery.format.manifest import Manifest
+from recovery.integrity import commit
+from recovery.integrity.signing import Signer, TrustStore
+from recovery.provenance import lineage, purpose
+from recovery.run import resume
 
 PREPROCESSING = "preprocessing"
 EXPORT_FORMAT = 1
@@ -220,8 +223,8 @@ def load_inference(
     Raises:
         VerificationError, FormatError, PurposeError.
     """
-    from recovery import trust as trust_mod
     from recovery.config import SigningConfig
+    from recovery.integrity import trust as trust_mod
 
     path = Path(path)
     store = trust if trust is not None else trust_mod.resolve_trust(SigningConfig())

@@ -18,17 +18,26 @@ import hashlib
 import json
 from dataclasses import dataclass, field
 from pathlib import Path, PurePosixPath
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
 from recovery.errors import ManifestError, UnsafePathError
-from recovery.layout import SIGNATURE_FILE
-
-if TYPE_CHECKING:
-    from recovery.signing import SignatureCheck
+from recovery.format.layout import SIGNATURE_FILE
 
 STATEMENT_TYPE = "https://in-toto.io/Statement/v1"
 PREDICATE_TYPE = "https://model_signing/signature/v1.0"
 FORMAT_VERSION = 1
+
+
+@dataclass(frozen=True)
+class SignatureCheck:
+    """What verifying a bundle established (:func:`recovery.integrity.signing.verify_bundle`)."""
+
+    payload: bytes
+    key_id: str
+    trusted: bool
+    dev: bool
+    source: str
+    """Where the verifying key came from (trust-store file, or ``embedded`` if untrusted)."""
 
 
 @dataclass(frozen=True)

@@ -38,6 +38,7 @@ from cryptography.hazmat.primitives import hashes, serialization
 from cryptography.hazmat.primitives.asymmetric import ec
 
 from recovery.errors import SignatureError, SigningKeyError, UntrustedSignerError
+from recovery.format.manifest import SignatureCheck
 
 log = logging.getLogger(__name__)
 
@@ -218,18 +219,6 @@ class TrustStore:
             for f in files:
                 store.add_pem(f.read_bytes(), source=str(f), dev=dev)
         return store
-
-
-@dataclass(frozen=True)
-class SignatureCheck:
-    """What verifying a bundle established."""
-
-    payload: bytes
-    key_id: str
-    trusted: bool
-    dev: bool
-    source: str
-    """Where the verifying key came from (trust-store file, or ``embedded`` if untrusted)."""
 
 
 def verify_bundle(

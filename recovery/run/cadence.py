@@ -20,8 +20,8 @@ from pathlib import Path
 from statistics import fmean
 from typing import Any
 
-from recovery import policy
-from recovery.config import CheckpointConfig
+from recovery.config import CheckpointConfig, parse_duration
+from recovery.run import policy
 
 log = logging.getLogger(__name__)
 
@@ -35,7 +35,7 @@ class Cadence:
         self.cfg = cfg
         self.final_step = final_step
         self.clock = clock
-        self.mtbf_s = policy.parse_duration(cfg.mtbf)
+        self.mtbf_s = parse_duration(cfg.mtbf)
         self.last_step: int | None = None
         self.last_time = clock()
         self.costs: list[float] = []

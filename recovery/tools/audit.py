@@ -21,11 +21,11 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from recovery import resume
 from recovery.errors import RecoveryError
-from recovery.layout import SIGNATURE_FILE, parse_step
-from recovery.manifest import Manifest
-from recovery.signing import TrustStore
+from recovery.format.layout import SIGNATURE_FILE, parse_step
+from recovery.format.manifest import Manifest
+from recovery.integrity.signing import TrustStore
+from recovery.run import resume
 
 OK = "ok"
 PRUNED = "pruned"

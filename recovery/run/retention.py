@@ -13,11 +13,12 @@ import shutil
 from collections.abc import Callable
 from pathlib import Path
 
-from recovery import commit, policy, reader
 from recovery.errors import RecoveryError
-from recovery.layout import BEST_DIR, scan, temp_dir_for
-from recovery.manifest import Manifest
-from recovery.signing import TrustStore
+from recovery.format.layout import BEST_DIR, scan, temp_dir_for
+from recovery.format.manifest import Manifest
+from recovery.integrity import commit, reader
+from recovery.integrity.signing import TrustStore
+from recovery.run import policy
 
 log = logging.getLogger(__name__)
 

@@ -16,13 +16,16 @@ from typing import Any
 
 import yaml
 
-from recovery import distributed, lineage, multirank, purpose, resume, sharded
-from recovery import provenance as prov
-from recovery.distributed import World
+from recovery.dist import multirank, sharded
+from recovery.dist import world as distributed
+from recovery.dist.world import World
 from recovery.errors import DriftError, PurposeError
-from recovery.layout import CONFIG_FILE, DISTRIBUTED
-from recovery.signing import TrustStore
-from recovery.state import MODEL, TrainState
+from recovery.format.layout import CONFIG_FILE, DISTRIBUTED
+from recovery.integrity.signing import TrustStore
+from recovery.provenance import capture as prov
+from recovery.provenance import lineage, purpose
+from recovery.run import resume
+from recovery.state.registry import MODEL, TrainState
 
 log = logging.getLogger(__name__)
 
@@ -89,7 +92,9 @@ def resume_from(
         )
     resharded = None
     if world.distributed or DISTRIBUTED in loaded.decoded.meta:
-        resharded = multirank.load_state(state, loaded, world=world, seed=seed)
+        resharded = multirank.load_state(
+            state, loaded.decoded, loaded.files, loaded.path, world=world, seed=seed
+        )
     else:
         state.load_state_dict(loaded.decoded.tree, source=str(loaded.path))
     step = loaded.decoded.step

@@ -36,7 +36,7 @@ import torch
 
 from recovery import faults
 from recovery.errors import FormatError
-from recovery.manifest import FileRecord
+from recovery.format.manifest import FileRecord
 
 CHUNK = 8 << 20
 

@@ -24,7 +24,7 @@ import os
 from pathlib import Path
 from typing import Any
 
-from recovery.manifest import Manifest
+from recovery.format.manifest import Manifest
 
 START = "start"
 RESUME = "resume"

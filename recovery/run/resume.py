@@ -20,7 +20,6 @@ from pathlib import Path
 
 import torch
 
-from recovery import purpose, reader, snapshot, tracking
 from recovery.errors import (
     CheckpointNotFoundError,
     ConfigError,
@@ -29,10 +28,14 @@ from recovery.errors import (
     TrackingError,
     VerificationError,
 )
-from recovery.layout import BEST_DIR, scan, step_dir_name
-from recovery.manifest import Manifest
-from recovery.signing import TrustStore
-from recovery.snapshot import Decoded
+from recovery.format.layout import BEST_DIR, scan, step_dir_name
+from recovery.format.manifest import Manifest
+from recovery.integrity import reader
+from recovery.integrity.signing import TrustStore
+from recovery.provenance import purpose
+from recovery.state import snapshot
+from recovery.state.snapshot import Decoded
+from recovery.storage import tracking
 
 log = logging.getLogger(__name__)
 

@@ -206,7 +206,7 @@ def dataset_version(data: Path | None, root: Path) -> dict[str, Any]:
         return {"source": "missing", "path": str(data)}
     out = _dvc_out(data, root)
     if out is not None and out.get("md5"):
-        from recovery import tracking
+        from recovery.storage import tracking
 
         record = {
             "source": out["source"],
@@ -249,7 +249,7 @@ def capture(
         project_root: where the code (and lock file, dvc.lock) live; default cwd.
         outputs: directories the run writes (checkpoint root, artifacts): not code.
     """
-    from recovery import __version__
+    from recovery.version import __version__
 
     root = project_root or Path.cwd()
     redacted, keys = redact(dict(config))

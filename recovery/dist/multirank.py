@@ -33,18 +33,28 @@ from __future__ import annotations
 import json
 import logging
 import shutil
+from collections.abc import Mapping
 from pathlib import Path
 from typing import Any
 
+import torch
 from torch.distributed.checkpoint.api import CheckpointException
 
-from recovery import distributed, faults, rng, sharded, tensorfile
-from recovery.distributed import World
+from recovery import faults
+
+from recovery.dist import world as distributed
+
+from recovery.state import rng
+
+from recovery.dist import sharded
+
+from recovery.format import tensorfile
+from recovery.dist.world import World
 from recovery.errors import CommitError, ConfigError, IncompatibleStateError, RecoveryError
-from recovery.layout import DCP_DIR, DISTRIBUTED, temp_dir_for
-from recovery.manifest import FileRecord
-from recovery.resume import Loaded
-from recovery.state import MODEL, OPTIMIZER, RNG, TrainState
+from recovery.format.layout import DCP_DIR, DISTRIBUTED, temp_dir_for
+from recovery.format.manifest import FileRecord
+from recovery.state.snapshot import Decoded
+from recovery.state.registry import MODEL, OPTIMIZER, RNG, TrainState
 
 log = logging.getLogger(__name__)
 
@@ -166,9 +176,15 @@ def _abandon(tmp: Path, world: World) -> None:
 
 
 def load_state(
-    state: TrainState, loaded: Loaded, *, world: World, seed: int
+    state: TrainState,
+    decoded: Decoded,
+    files: dict[str, Any],
+    path: Path,
+    *,
+    world: World,
+    seed: int,
 ) -> dict[str, Any] | None:
-    """Restore ``state`` from a verified checkpoint on the current world.
+    """Restore ``state`` from a verified checkpoint (decoded, its verified files, its path) on the current world.
 
     Model and optimizer come from DCP when the checkpoint has them there (at
     any world size, with or without a process group), otherwise from their
@@ -183,38 +199,38 @@ def load_state(
     Raises:
         IncompatibleStateError, FormatError: nothing was changed.
     """
-    tree = loaded.decoded.tree
-    spread = loaded.decoded.meta.get(DISTRIBUTED)
+    tree = decoded.tree
+    spread = decoded.meta.get(DISTRIBUTED)
     saved_size = int(spread["world_size"]) if isinstance(spread, dict) else 1
     via_dcp = isinstance(spread, dict)
     if not via_dcp:
-        sharded.refuse_plain_into_sharded(state.components.get(MODEL), loaded.path)
+        sharded.refuse_plain_into_sharded(state.components.get(MODEL), path)
     plain = [n for n in state.components if not (via_dcp and n in sharded.SHARDED)]
     problems = state.mismatches(tree, only=plain)
     own: dict[str, Any] | None = None
     if saved_size == world.size:  # the same ranks: each continues its own RNG streams exactly
         own = (
-            sharded.read_rank(loaded.files, world.rank, where=loaded.path)
+            sharded.read_rank(files, world.rank, where=path)
             if via_dcp
             else {RNG: tree[RNG]}
         )
         problems += [f"rank {world.rank} {line}" for line in rng.validate(own.get(RNG))]
     if problems:
         raise IncompatibleStateError(
-            f"{loaded.path} does not fit this run ({len(problems)} mismatches):\n  "
+            f"{path} does not fit this run ({len(problems)} mismatches):\n  "
             + "\n  ".join(problems),
             mismatches=problems,
-            path=loaded.path,
+            path=path,
         )
     if isinstance(spread, dict):
         sharded.load(
             state.components[MODEL],
             state.components[OPTIMIZER],
-            loaded.path / DCP_DIR,
+            path / DCP_DIR,
             spread.get(OPTIMIZER, {}),
         )
-    state.load_state_dict(tree, source=str(loaded.path), only=plain)
-    step = loaded.decoded.step
+    state.load_state_dict(tree, source=str(path), only=plain)
+    step = decoded.step
     if own is not None:
         rng.restore(own[RNG])
         return None
@@ -222,7 +238,7 @@ def load_state(
     log.warning(
         "resharded: %s was saved by %d rank(s), resumed on %d; model and optimizer resharded, "
         "data cursor kept, RNG streams reseeded from (seed %d, step %d, rank %d) -> %d",
-        loaded.path,
+        path,
         saved_size,
         world.size,
         seed,

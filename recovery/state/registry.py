@@ -18,8 +18,8 @@ from typing import Any, Protocol, runtime_checkable
 
 import torch
 
-from recovery import rng
 from recovery.errors import ConfigError, IncompatibleStateError
+from recovery.state import rng
 
 log = logging.getLogger(__name__)
 

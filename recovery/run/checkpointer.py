@@ -20,35 +20,29 @@ from typing import Any
 import torch
 import yaml
 
-from recovery import (
-    codec,
-    commit,
-    distributed,
-    lineage,
-    multirank,
-    policy,
-    purpose,
-    resume,
-    retention,
-    sharded,
-    snapshot,
-    tracking,
-)
-from recovery import provenance as prov
-from recovery import restore as begin
-from recovery.cadence import Cadence, process_age_s
-from recovery.config import CheckpointConfig
-from recovery.distributed import World
+from recovery.config import CheckpointConfig, parse_duration
+from recovery.dist import multirank, sharded
+from recovery.dist import world as distributed
+from recovery.dist.world import World
 from recovery.errors import Preempted, PurposeError, RecoveryError, RunDirInUseError
-from recovery.journal import Journal
-from recovery.layout import DISTRIBUTED, scan, step_dir_name
-from recovery.manifest import FileRecord, Manifest
-from recovery.preemption import PreemptionGuard
-from recovery.purpose import BUILTIN, PurposeSpec
-from recovery.signing import Signer, TrustStore
-from recovery.staging import Staging
-from recovery.state import MODEL, TrainState
-from recovery.writer import BackgroundWriter
+from recovery.format import codec
+from recovery.format.layout import DISTRIBUTED, scan, step_dir_name
+from recovery.format.manifest import FileRecord, Manifest
+from recovery.integrity import commit
+from recovery.integrity.signing import Signer, TrustStore
+from recovery.provenance import capture as prov
+from recovery.provenance import lineage, purpose
+from recovery.provenance.purpose import BUILTIN, PurposeSpec
+from recovery.run import restore as begin
+from recovery.run import resume, retention
+from recovery.run.cadence import Cadence, process_age_s
+from recovery.run.journal import Journal
+from recovery.run.preemption import PreemptionGuard
+from recovery.run.staging import Staging
+from recovery.run.writer import BackgroundWriter
+from recovery.state import snapshot
+from recovery.state.registry import MODEL, TrainState
+from recovery.storage import tracking
 
 log = logging.getLogger(__name__)
 
@@ -557,7 +551,7 @@ class Checkpointer:
                 self.pause_s += self._writer.waited_s
         finally:
             if self.publisher is not None:
-                self.publisher.close(policy.parse_duration(self.cfg.dvc.close_timeout))
+                self.publisher.close(parse_duration(self.cfg.dvc.close_timeout))
             run_s = time.perf_counter() - self._created
             self._event(
                 {

@@ -28,12 +28,13 @@ from typing import Any
 
 import torch
 
-from recovery import faults, manifest, tensorfile
+from recovery import faults
 from recovery.errors import CommitError
-from recovery.layout import SIGNATURE_FILE, aside_dir_for, scan, temp_dir_for
-from recovery.manifest import FileRecord, Manifest
+from recovery.format import manifest, tensorfile
+from recovery.format.layout import SIGNATURE_FILE, aside_dir_for, scan, temp_dir_for
+from recovery.format.manifest import FileRecord, Manifest
+from recovery.integrity.signing import Signer
 from recovery.progress import bytes_bar
-from recovery.signing import Signer
 
 log = logging.getLogger(__name__)
 

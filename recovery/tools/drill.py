@@ -32,12 +32,13 @@ from typing import Any
 
 import torch
 
-from recovery import faults, resume
+from recovery import faults
 from recovery.errors import DrillError
-from recovery.journal import effective_steps, read
-from recovery.layout import DISTRIBUTED, METRICS_FILE, step_dir_name
-from recovery.sampler import ResumableSampler
-from recovery.signing import TrustStore
+from recovery.format.layout import DISTRIBUTED, METRICS_FILE, step_dir_name
+from recovery.integrity.signing import TrustStore
+from recovery.run import resume
+from recovery.run.journal import effective_steps, read
+from recovery.state.sampler import ResumableSampler
 
 log = logging.getLogger(__name__)
 
@@ -283,8 +284,8 @@ def _dvc_repo(out: Path) -> None:
 
 def _dvc_complete(run_dir: Path) -> list[str]:
     """After the drill, every committed checkpoint must be registered and pushed (after a sync)."""
-    from recovery import tracking
-    from recovery.layout import scan
+    from recovery.format.layout import scan
+    from recovery.storage import tracking
 
     root = tracking.find_repo(run_dir)
     if root is None:

@@ -22,7 +22,7 @@ from typing import Any
 
 import torch
 
-from recovery import codec
+from recovery.format import codec
 
 
 @dataclass(frozen=True)

@@ -38,7 +38,7 @@ from typing import Any
 
 from recovery import faults
 from recovery.errors import TrackingError
-from recovery.layout import parse_step
+from recovery.format.layout import parse_step
 
 log = logging.getLogger(__name__)
 

@@ -13,7 +13,13 @@ import os
 from pathlib import Path
 
 from recovery.config import SigningConfig
-from recovery.signing import PRIVATE_KEY_FILE, PUBLIC_KEY_FILE, Signer, TrustStore, generate_keypair
+from recovery.integrity.signing import (
+    PRIVATE_KEY_FILE,
+    PUBLIC_KEY_FILE,
+    Signer,
+    TrustStore,
+    generate_keypair,
+)
 
 log = logging.getLogger(__name__)
 

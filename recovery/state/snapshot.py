@@ -13,9 +13,9 @@ from typing import Any
 
 import torch
 
-from recovery import codec, tensorfile
 from recovery.errors import FormatError
-from recovery.layout import (
+from recovery.format import codec, tensorfile
+from recovery.format.layout import (
     CONFIG_FILE,
     DISTRIBUTED,
     IO_SIGNATURE_FILE,
@@ -23,7 +23,7 @@ from recovery.layout import (
     STATE_FILE,
     tensor_file,
 )
-from recovery.reader import Verified
+from recovery.integrity.reader import Verified
 
 STATE_FORMAT = 1
 

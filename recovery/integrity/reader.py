@@ -24,7 +24,6 @@ from pathlib import Path
 
 import torch
 
-from recovery import manifest, signing, tensorfile
 from recovery.errors import (
     CheckpointNotFoundError,
     DigestMismatchError,
@@ -34,16 +33,18 @@ from recovery.errors import (
     TruncatedFileError,
     UnsafePathError,
 )
-from recovery.layout import (
+from recovery.format import manifest, tensorfile
+from recovery.format.layout import (
     DCP_PREFIX,
     SIGNATURE_FILE,
     TENSOR_SUFFIX,
     is_uncommitted,
     parse_step,
 )
-from recovery.manifest import FileRecord, Manifest
+from recovery.format.manifest import FileRecord, Manifest
+from recovery.integrity import signing
+from recovery.integrity.signing import TrustStore
 from recovery.progress import bytes_bar
-from recovery.signing import TrustStore
 
 
 @dataclass(frozen=True)

@@ -47,30 +47,6 @@ def to_delete(steps: Iterable[int], *, newest: int, keep_last: int, keep_every: 
     return [s for s in present if s not in keep and s < newest]
 
 
-_UNITS = {"s": 1.0, "m": 60.0, "h": 3600.0, "d": 86400.0}
-
-
-def parse_duration(text: str | float | int) -> float:
-    """Seconds in ``60``, ``90s``, ``5m``, ``24h`` or ``2d``.
-
-    Raises:
-        ValueError: not a positive duration.
-    """
-    if isinstance(text, int | float) and not isinstance(text, bool):
-        value = float(text)
-    else:
-        raw = str(text).strip().lower()
-        unit = _UNITS.get(raw[-1:])
-        number = raw[:-1] if unit is not None else raw
-        try:
-            value = float(number) * (unit or 1.0)
-        except ValueError:
-            raise ValueError(f"expected a duration like 60s, 5m, 24h or 2d, got {text!r}") from None
-    if not value > 0:
-        raise ValueError(f"expected a positive duration, got {text!r}")
-    return value
-
-
 def young_daly(cost_s: float, mtbf_s: float) -> float:
     """The first-order optimal checkpoint interval sqrt(2 * C * MTBF), in seconds."""
     return float((2.0 * cost_s * mtbf_s) ** 0.5)
