@@ -1,4 +1,4 @@
-"""``recovery export [overrides]`` (the ``export`` stage of ``dvc.yaml``) for the embedding recipe.
+"""The embedding recipe's exporter: ``recovery export`` runs :func:`run` (``export.exporter``).
 
 Builds the serving module from the chosen continuation checkpoint: raw user
 and item ids in, scores out, with the id-to-row lookup inside the program, so
@@ -15,13 +15,11 @@ from __future__ import annotations
 import logging
 import math
 import shutil
-import sys
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
 import torch
-from hydra import compose, initialize_config_dir
 from omegaconf import DictConfig
 from torch import nn
 
@@ -35,7 +33,6 @@ from recovery.run import resume
 from recovery.tools import export
 
 log = logging.getLogger(__name__)
-CONF_DIR = Path(__file__).resolve().parent.parent / "conf"
 
 
 @dataclass(kw_only=True)
@@ -46,6 +43,8 @@ class ExportConfig:
     """Serving precision: float32, bfloat16 or float16."""
     out: str = "artifacts/default"
     """Where the artifact directory is written."""
+    exporter: Any = None
+    """The ``_target_`` node ``recovery export`` instantiates (this module's :func:`run`)."""
 
     def __post_init__(self) -> None:
         if self.dtype not in export.DTYPES:
@@ -210,21 +209,3 @@ def run(cfg: DictConfig) -> int:
         result,
     )
     return 0
-
-
-def main(argv: list[str]) -> int:
-    """Compose the config with ``argv`` as overrides and export."""
-    logging.basicConfig(level=logging.INFO, format="%(message)s")
-    with initialize_config_dir(config_dir=str(CONF_DIR), version_base=None):
-        cfg = compose(config_name="config", overrides=argv)
-    return run(cfg)
-
-
-if __name__ == "__main__":
-    from recovery.cli import report
-    from recovery.errors import RecoveryError
-
-    try:
-        sys.exit(main(sys.argv[1:]))
-    except RecoveryError as err:
-        sys.exit(report(err))

@@ -175,6 +175,21 @@ def _abandon(tmp: Path, world: World) -> None:
         shutil.rmtree(tmp, ignore_errors=True)
 
 
+def agree_on_resume(step: int, chosen: Path | None, run_dir: Path) -> None:
+    """Every rank chose the same checkpoint (``step``, -1 for none) to resume from.
+
+    Raises:
+        RecoveryError: they did not (a checkpoint root that is not one shared filesystem).
+    """
+    if not distributed.all_ok(step == distributed.broadcast_int(step)):
+        raise RecoveryError(
+            f"{run_dir}: the ranks chose different checkpoints to resume from "
+            f"(this rank: {chosen or 'none'}); is the checkpoint root "
+            "one shared filesystem for every node?",
+            path=run_dir,
+        )
+
+
 def load_state(
     state: TrainState,
     decoded: Decoded,

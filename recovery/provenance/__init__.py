@@ -1,1 +1,3 @@
-"""provenance."""
+"""Where an artifact came from: the provenance capture (git, dependencies, data, config,
+redaction), lineage links and segments, and the purposes an artifact can serve.
+"""

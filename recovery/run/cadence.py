@@ -101,6 +101,16 @@ class Cadence:
             )
         return out
 
+    def summary(self, run_s: float, pause_s: float) -> dict[str, Any]:
+        """The journal's ``run_summary`` record: the checkpoint fraction of the run's time."""
+        return {
+            "event": "run_summary",
+            "run_s": run_s,
+            "checkpoint_pause_s": pause_s,
+            "checkpoint_fraction": pause_s / run_s if run_s > 0 else None,
+            "interval": self.describe(),
+        }
+
 
 def process_age_s() -> float | None:
     """Seconds since this process started (Linux ``/proc``); ``None`` elsewhere."""

@@ -19,8 +19,8 @@ import yaml
 from recovery.dist import multirank, sharded
 from recovery.dist import world as distributed
 from recovery.dist.world import World
-from recovery.errors import DriftError, PurposeError
-from recovery.format.layout import CONFIG_FILE, DISTRIBUTED
+from recovery.errors import DriftError, PurposeError, RunDirInUseError
+from recovery.format.layout import CONFIG_FILE, DISTRIBUTED, scan
 from recovery.integrity.signing import TrustStore
 from recovery.provenance import capture as prov
 from recovery.provenance import lineage, purpose
@@ -43,6 +43,21 @@ class Identity:
     resumed_from: Path | None = None
     resharded: dict[str, Any] | None = None
     """Old and new world size, when a resume changed it."""
+
+
+def refuse_reuse(run_dir: Path) -> None:
+    """A fresh or warm-started run starts in a run directory without checkpoints.
+
+    Raises:
+        RunDirInUseError: ``run_dir`` holds committed checkpoints.
+    """
+    if committed := scan(run_dir).committed:
+        raise RunDirInUseError(
+            f"{run_dir}: already holds checkpoints up to step {committed[-1][0]}. "
+            "Pass +resume=latest to continue that run, or choose another run.name= "
+            "(or checkpoint.root=) for a new one.",
+            path=run_dir,
+        )
 
 
 def fresh(run_id: str) -> Identity:
@@ -166,3 +181,17 @@ def _yaml(data: bytes | None) -> dict[str, Any] | None:
         return None
     doc = yaml.safe_load(data)
     return doc if isinstance(doc, dict) else None
+
+
+def resume_event(loaded: resume.Loaded, ident: Identity, world_size: int) -> dict[str, Any]:
+    """The journal's ``resume`` record: from where, which newer checkpoints were passed
+    over, what drifted, and the world size (and its change)."""
+    return {
+        "event": "resume",
+        "from": str(loaded.path),
+        "step": ident.step,
+        "skipped": [str(p) for p, _ in loaded.skipped],
+        "drift": ident.drift,
+        "world_size": world_size,
+        **({"resharded": ident.resharded} if ident.resharded else {}),
+    }

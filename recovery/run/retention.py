@@ -13,6 +13,7 @@ import shutil
 from collections.abc import Callable
 from pathlib import Path
 
+from recovery.config import CheckpointConfig
 from recovery.errors import RecoveryError
 from recovery.format.layout import BEST_DIR, scan, temp_dir_for
 from recovery.format.manifest import Manifest
@@ -21,6 +22,30 @@ from recovery.integrity.signing import TrustStore
 from recovery.run import policy
 
 log = logging.getLogger(__name__)
+
+
+def after_commit(
+    cfg: CheckpointConfig,
+    run_dir: Path,
+    final: Path,
+    mf: Manifest,
+    *,
+    trust: TrustStore,
+    allow_untrusted: bool,
+    retire: Callable[[Path], None] | None,
+) -> None:
+    """What the settings ask once ``final`` is committed: the best copy, then retention."""
+    if cfg.keep_best:
+        keep_best(
+            run_dir,
+            final,
+            mf,
+            metric=cfg.best_metric,
+            mode=cfg.best_mode,
+            trust=trust,
+            allow_untrusted=allow_untrusted,
+        )
+    retain(run_dir, mf.step, keep_last=cfg.keep_last, keep_every=cfg.keep_every, retire=retire)
 
 
 def retain(

@@ -37,7 +37,7 @@ from pathlib import Path
 from typing import Any
 
 from recovery import faults
-from recovery.errors import TrackingError
+from recovery.errors import ConfigError, TrackingError
 from recovery.format.layout import parse_step
 
 log = logging.getLogger(__name__)
@@ -87,7 +87,26 @@ def dvc_file(ckpt: Path) -> Path:
     return ckpt.with_name(ckpt.name + ".dvc")
 
 
+def require_dvc(what: str) -> None:
+    """Refuse, naming the extra to install, when DVC is not installed.
+
+    Raises:
+        ConfigError: ``dvc`` cannot be imported.
+    """
+    try:
+        with _quiet():
+            import dvc.repo  # noqa: F401 - imported here once, where a failure is explained
+
+            _dvc_logging()
+    except ImportError as err:
+        raise ConfigError(
+            f"{what} needs DVC, which cannot be imported ({err}): pip install "
+            "'recovery[dvc]' (or set checkpoint.dvc.enabled=false)"
+        ) from None
+
+
 def _repo(root: Path) -> Any:
+    require_dvc(f"{root}: DVC tracking")
     with _quiet():
         from dvc.repo import Repo
 
@@ -260,6 +279,7 @@ class Publisher:
         remote: str | None = None,
         sleep: Callable[[float], None] = time.sleep,
     ) -> None:
+        require_dvc(f"{root}: registering checkpoints")
         self.root = root
         self.push = push
         self.remote = remote

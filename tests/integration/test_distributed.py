@@ -208,14 +208,15 @@ def test_a_plain_process_resumes_a_two_rank_checkpoint(job, trainer, tmp_path, t
 def test_a_two_rank_checkpoint_exports_and_warm_starts_a_new_run(
     job, trainer, tmp_path, trust, signer, data_root, monkeypatch
 ):
-    from recipes import export as recipe_export
+    from recovery import cli
     from recovery.tools.export import load_inference
 
     reference = job("ddp", 2)
     monkeypatch.setenv(KEY_ENV, str(signer.path))
     out = tmp_path / "artifact"
-    code = recipe_export.main(
+    code = cli.main(
         [
+            "export",
             f"checkpoint.root={reference.parent}",
             f"recipe.data.root={data_root}",
             *SMALL,

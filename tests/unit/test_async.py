@@ -124,7 +124,7 @@ def test_background_error_surfaces_on_the_next_step(tmp_path, signer, trust, pro
     monkeypatch.setattr(commit, "commit", broken)
     train_steps(state, 2)
     ck.maybe_save(state, 2)
-    ck._writer._pending.exception(timeout=10)  # let it fail
+    ck._saver._writer._pending.exception(timeout=10)  # let it fail
     train_steps(state, 1)
     with pytest.raises(CommitError, match="background checkpoint save failed.*disk full"):
         ck.maybe_save(state, 3)

@@ -156,8 +156,11 @@ def test_warm_start_is_a_new_run_with_the_source_as_parent(tmp_path):
     state, losses, ck = run(tmp_path, 3, init_from=str(source), run="new")
     assert sorted(losses) == [1, 2, 3]  # step 0, fresh schedule and sampler
     assert ck.run_id != src.run_id
-    assert ck.parent["kind"] == "warm_start" and ck.parent["path"] == "src/step-00000004"
-    assert [s["kind"] for s in ck.lineage] == ["start", "warm_start"]
+    assert (
+        ck.identity.parent["kind"] == "warm_start"
+        and ck.identity.parent["path"] == "src/step-00000004"
+    )
+    assert [s["kind"] for s in ck.identity.lineage] == ["start", "warm_start"]
     fresh = tiny_state()
     train_steps(fresh, 3)  # same init seed and data, but not warm-started
     assert not torch.equal(

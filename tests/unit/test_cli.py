@@ -40,6 +40,44 @@ def test_public_surface_is_pinned():
     ]
 
 
+CLI_FLAGS = {
+    "audit": ["--allow-untrusted", "--json", "--root", "--trusted", "path"],
+    "drill": [
+        "--allow-untrusted",
+        "--dvc",
+        "--json",
+        "--kills",
+        "--out",
+        "--preflight",
+        "--script",
+        "--seed",
+        "--trusted",
+        "overrides",
+    ],
+    "export": ["--json", "overrides"],
+    "inspect": ["--allow-untrusted", "--json", "--trusted", "path"],
+    "keygen": ["--force", "--json", "--out"],
+    "ls": ["--allow-untrusted", "--json", "--trusted", "run_dir"],
+    "plan": ["--cost", "--intervals", "--json", "--mtbf"],
+    "predict": ["--allow-untrusted", "--input", "--json", "--trusted", "artifact"],
+    "sync": ["--json", "--push", "--remote", "--timeout", "run_dir"],
+    "verify": ["--allow-untrusted", "--json", "--trusted", "path"],
+}
+
+
+def test_every_subcommands_flags_are_pinned():
+    sub = next(a for a in cli.build_parser()._actions if a.dest == "command")
+    found = {
+        name: sorted(
+            a.option_strings[0] if a.option_strings else a.dest
+            for a in p._actions
+            if a.dest != "help"
+        )
+        for name, p in sub.choices.items()
+    }
+    assert found == CLI_FLAGS
+
+
 def test_exit_codes_are_distinct_and_cover_every_error():
     codes = [code for _, code, _ in cli.EXIT_CODES]
     assert len(codes) == len(set(codes))

@@ -47,3 +47,22 @@ def test_every_key_of_the_health_and_dist_groups_is_documented():
         keys = yaml.safe_load((conf / group / "default.yaml").read_text())
         for key in keys:
             assert f"`{group}.{key}=`" in README, f"{group}.{key}"
+
+
+def test_the_layout_section_lists_the_import_contracts_layers_in_order():
+    import tomllib
+
+    pyproject = Path(__file__).resolve().parents[2] / "pyproject.toml"
+    contracts = tomllib.loads(pyproject.read_text())["tool"]["importlinter"]["contracts"]
+    (layers,) = [c["layers"] for c in contracts if c["type"] == "layers"]
+    section = README[README.index("## Layout of the code") :]
+    where = []
+    for layer in layers:
+        for module in (m.strip() for m in layer.split("|")):
+            name = module.removeprefix("recovery.")
+            hits = [section.find(f"recovery/{name}/"), section.find(f"recovery/{name}.py")]
+            hits += [section.find(f", {name}.py")]
+            found = [h for h in hits if h >= 0]
+            assert found, f"{module} (a layer of the import contract) is not in the README layout"
+            where.append((min(found), module))
+    assert [m for _, m in sorted(where)] == [m for _, m in where]

@@ -1,0 +1,22 @@
+"""``recovery``: the command line. The only package that prints or chooses exit codes.
+
+One module per command group (:mod:`~recovery.cli.reading`: ls, verify,
+inspect, audit; :mod:`~recovery.cli.drill`; :mod:`~recovery.cli.serve`: export,
+predict; :mod:`~recovery.cli.plan`; :mod:`~recovery.cli.sync`;
+:mod:`~recovery.cli.keys`), the exit-code table in :mod:`~recovery.cli.codes`,
+and :mod:`~recovery.cli.main`, which parses and dispatches.
+"""
+
+from recovery.cli.codes import EXIT_CODES, exit_code, report
+from recovery.cli.common import parameters_digest
+from recovery.cli.main import build_parser, main, main_entry
+
+__all__ = [
+    "EXIT_CODES",
+    "build_parser",
+    "exit_code",
+    "main",
+    "main_entry",
+    "parameters_digest",
+    "report",
+]

@@ -1,0 +1,53 @@
+"""Exit codes: one per error class, the table README.md lists. Only the CLI chooses them."""
+
+from __future__ import annotations
+
+import sys
+
+from recovery import errors
+
+# Most specific first: the first isinstance match decides the code.
+EXIT_CODES: list[tuple[type[BaseException], int, str]] = [
+    (errors.CheckpointNotFoundError, 3, "checkpoint not found"),
+    (errors.ManifestError, 4, "manifest missing or malformed (uncommitted or damaged)"),
+    (errors.UnsafePathError, 5, "unsafe path or symlink"),
+    (errors.MissingFileError, 6, "a listed file is missing"),
+    (errors.ExtraFileError, 7, "an unlisted file is present"),
+    (errors.TruncatedFileError, 8, "a file has the wrong size"),
+    (errors.DigestMismatchError, 9, "a file's sha256 does not match"),
+    (errors.SignatureError, 16, "signature bundle malformed or signature invalid"),
+    (errors.UntrustedSignerError, 17, "signer not in the trust store"),
+    (errors.VerificationError, 15, "verification failed"),
+    (errors.PurposeError, 18, "artifact's purpose cannot serve the requested use"),
+    (errors.DriftError, 19, "strict resume refused: code, dependencies, data or config changed"),
+    (errors.SigningKeyError, 20, "signing key unreadable or unsupported"),
+    (errors.TrackingError, 21, "DVC could not register, push or fetch a checkpoint"),
+    (
+        errors.Preempted,
+        75,
+        "preempted: checkpointed at the step boundary, requeue with +resume=latest",
+    ),
+    (errors.ExportError, 22, "export failed its parity check; no artifact was left"),
+    (errors.DrillError, 23, "a drill or preflight found that recovery does not reproduce the run"),
+    (errors.FormatError, 10, "verified bytes do not decode"),
+    (errors.IncompatibleStateError, 11, "checkpoint does not fit this run"),
+    (errors.ConfigError, 12, "invalid configuration"),
+    (errors.RunDirInUseError, 13, "fresh run into a run directory with checkpoints"),
+    (errors.CommitError, 14, "checkpoint could not be committed"),
+    (errors.RecoveryError, 1, "other recovery error"),
+]
+
+
+def exit_code(err: BaseException) -> int:
+    """The exit code for an error (1 for anything unlisted)."""
+    for cls, code, _ in EXIT_CODES:
+        if isinstance(err, cls):
+            return code
+    return 1
+
+
+def report(err: BaseException) -> int:
+    """Print one line for ``err`` on stderr and return its exit code."""
+    label = "preempted" if isinstance(err, errors.Preempted) else "error"
+    print(f"{label}: {err}", file=sys.stderr)
+    return exit_code(err)

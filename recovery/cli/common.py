@@ -1,0 +1,108 @@
+"""What every command shares: output, the trust store from flags, signer text, Hydra composition."""
+
+from __future__ import annotations
+
+import argparse
+import hashlib
+import json
+from pathlib import Path
+from typing import Any
+
+import torch
+
+from recovery import errors
+from recovery.config import SigningConfig
+from recovery.integrity.signing import PUBLIC_KEY_FILE, TrustStore
+from recovery.run import resume
+
+
+def emit(args: argparse.Namespace, data: Any, text: str) -> None:
+    """Print ``data`` as JSON under ``--json``, else ``text``."""
+    print(json.dumps(data, indent=1, sort_keys=True, default=str) if args.json else text)
+
+
+def add_trust_flags(p: argparse.ArgumentParser) -> None:
+    """``--trusted`` and ``--allow-untrusted``, for every command that reads an artifact."""
+    p.add_argument(
+        "--trusted",
+        action="append",
+        metavar="PATH",
+        help="trusted public key file or directory (repeatable; default .recovery/trusted; "
+        "the local dev key in .recovery/dev-key is always trusted)",
+    )
+    p.add_argument(
+        "--allow-untrusted",
+        action="store_true",
+        help="accept signatures by keys outside the trust store (still checked against "
+        "the key the statement carries)",
+    )
+
+
+def trust_of(args: argparse.Namespace) -> TrustStore:
+    """The trust store ``--trusted`` names (default ``.recovery/trusted``) plus the dev key."""
+    defaults = SigningConfig()
+    paths = [Path(p) for p in args.trusted] if args.trusted else [Path(defaults.trusted)]
+    return TrustStore.from_paths(paths, dev_keys=[Path(defaults.dev_key_dir) / PUBLIC_KEY_FILE])
+
+
+def load(args: argparse.Namespace, path: Path) -> resume.Loaded:
+    """Verify and decode ``path`` with the flags' trust settings."""
+    return resume.load(path, trust_of(args), allow_untrusted=args.allow_untrusted)
+
+
+def signer_text(signer: dict[str, Any] | None) -> str:
+    """``63f7f2ef1a2b (dev key, trusted)``."""
+    if not signer:
+        return "unsigned"
+    tags = [
+        t for t, on in (("dev key", signer.get("dev")), ("trusted", signer.get("trusted"))) if on
+    ]
+    if not signer.get("trusted"):
+        tags.append("UNTRUSTED")
+    return f"{str(signer.get('key_id'))[:12]} ({', '.join(tags)})"
+
+
+def signer_of(loaded: resume.Loaded) -> dict[str, Any] | None:
+    """Who signed a verified artifact: key id, trust, dev key, where the key came from."""
+    check = loaded.manifest.signer
+    if check is None:
+        return None
+    dev = check.dev or bool((loaded.manifest.recovery.get("signer") or {}).get("dev"))
+    return {"key_id": check.key_id, "trusted": check.trusted, "dev": dev, "source": check.source}
+
+
+def parameters_digest(model_state: dict[str, Any]) -> str:
+    """One sha256 over every model tensor: names, dtypes, shapes and raw bytes, by sorted name."""
+    h = hashlib.sha256()
+    for key in sorted(model_state):
+        t = model_state[key]
+        if not isinstance(t, torch.Tensor):
+            continue
+        t = t.detach().cpu().contiguous()
+        h.update(f"{key}\0{t.dtype}\0{tuple(t.shape)}\0".encode())
+        h.update(t.reshape(-1).view(torch.uint8).numpy().tobytes())
+    return h.hexdigest()
+
+
+def compose(command: str, overrides: list[str]) -> Any:
+    """The project's config (``./conf``, the project root being the working directory) with
+    ``overrides``, through Hydra's compose API.
+
+    Raises:
+        ConfigError: Hydra is not installed (the ``[hydra]`` extra), or there is no ``conf/``.
+    """
+    try:
+        from hydra import compose as hydra_compose
+        from hydra import initialize_config_dir
+    except ImportError as err:
+        raise errors.ConfigError(
+            f"{command}: needs Hydra ({err}); pip install 'recovery[hydra]'"
+        ) from None
+    conf = Path.cwd() / "conf"
+    if not conf.is_dir():
+        raise errors.ConfigError(
+            f"{command}: no conf/ in {Path.cwd()}; run it from the project root "
+            "(where conf/ and train.py are)"
+        )
+    with initialize_config_dir(config_dir=str(conf), version_base=None):
+        return hydra_compose(config_name="config", overrides=overrides)

@@ -1,0 +1,51 @@
+"""The ``recovery`` entry point: parse, run one subcommand, map errors to exit codes.
+
+``main(argv) -> int`` so tests call it directly; any
+:class:`~recovery.errors.RecoveryError` becomes one line on stderr and the
+exit code of its class (:mod:`recovery.cli.codes`).
+"""
+
+from __future__ import annotations
+
+import argparse
+import sys
+from collections.abc import Sequence
+
+from recovery import errors
+from recovery.cli import drill, keys, plan, reading, serve, sync
+from recovery.cli.codes import report
+
+COMMAND_GROUPS = (reading, drill, serve, plan, sync, keys)
+"""Each registers its subcommands, in this order in ``recovery --help``."""
+
+
+def build_parser() -> argparse.ArgumentParser:
+    """Every subcommand, each with ``--json``."""
+    parser = argparse.ArgumentParser(
+        prog="recovery",
+        description="Verify, inspect, audit and list signed exact-resume training checkpoints.",
+    )
+    sub = parser.add_subparsers(dest="command", required=True)
+    for group in COMMAND_GROUPS:
+        group.register(sub)
+    for action in sub.choices.values():
+        action.add_argument("--json", action="store_true", help="print JSON instead of text")
+    return parser
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    """Run one ``recovery`` subcommand; return its exit code."""
+    args = build_parser().parse_args(argv)
+    try:
+        return int(args.func(args))
+    except errors.RecoveryError as err:
+        return report(err)
+
+
+def main_entry() -> None:
+    """Console-script wrapper around :func:`main`."""
+    sys.exit(main())
+
+
+if __name__ == "__main__":
+    main_entry()

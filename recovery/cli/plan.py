@@ -1,0 +1,66 @@
+"""``recovery plan``: checkpoint interval arithmetic (Young/Daly), cost against expected loss."""
+
+from __future__ import annotations
+
+import argparse
+from typing import Any
+
+from recovery import errors
+from recovery.cli.common import emit
+from recovery.config import parse_duration
+from recovery.run import policy
+
+
+def cmd_plan(args: argparse.Namespace) -> int:
+    try:
+        cost = parse_duration(args.cost)
+        mtbf = parse_duration(args.mtbf)
+        intervals = [parse_duration(t) for t in args.intervals.split(",")]
+    except ValueError as err:
+        raise errors.ConfigError(f"plan: {err}") from None
+    best = policy.young_daly(cost, mtbf)
+    rows = policy.plan(cost, mtbf, sorted({*intervals, best}))
+    optimum = min(rows, key=lambda r: r["total_per_day_s"])
+    for row in rows:
+        row["optimum"] = row is optimum
+        row["young_daly"] = row["interval_s"] == best
+    header = (
+        f"checkpoint cost C = {_dur(cost)}, MTBF = {_dur(mtbf)}; "
+        f"Young/Daly optimum sqrt(2*C*MTBF) = {_dur(best)}\n"
+        f"{'interval':>10}  {'lost/failure':>12}  {'ckpt cost/day':>13}  "
+        f"{'failure loss/day':>16}  {'total/day':>10}"
+    )
+    lines = [header]
+    for r in rows:
+        mark = "  <- optimum" if r["optimum"] else ""
+        lines.append(
+            f"{_dur(r['interval_s']):>10}  {_dur(r['loss_per_failure_s']):>12}  "
+            f"{_dur(r['checkpoint_cost_per_day_s']):>13}  {_dur(r['failure_loss_per_day_s']):>16}  "
+            f"{_dur(r['total_per_day_s']):>10}{mark}"
+        )
+    emit(
+        args, {"cost_s": cost, "mtbf_s": mtbf, "young_daly_s": best, "rows": rows}, "\n".join(lines)
+    )
+    return 0
+
+
+def _dur(seconds: float) -> str:
+    """``45s``, ``12.5m``, ``3.2h``."""
+    if seconds < 120:
+        return f"{seconds:.3g}s"
+    if seconds < 7200:
+        return f"{seconds / 60:.3g}m"
+    return f"{seconds / 3600:.3g}h"
+
+
+def register(sub: Any) -> None:
+    """Add ``plan`` to the subcommands."""
+    p = sub.add_parser("plan", help="checkpoint interval arithmetic: cost vs expected loss")
+    p.add_argument("--cost", required=True, help="cost of one checkpoint to the run, e.g. 60s")
+    p.add_argument("--mtbf", required=True, help="mean time between failures, e.g. 24h")
+    p.add_argument(
+        "--intervals",
+        default="5m,10m,30m,1h,2h,4h,8h",
+        help="comma-separated intervals to compare (the optimum is always added)",
+    )
+    p.set_defaults(func=cmd_plan)

@@ -1,0 +1,257 @@
+"""The reading commands: ``ls``, ``verify``, ``inspect``, ``audit``. They never write.
+
+Each verifies before it shows anything: a listing row, an inspection or an
+audit link is what the verified bytes say, never what a file claims.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+from pathlib import Path
+from typing import Any
+
+from recovery import errors
+from recovery.cli.codes import exit_code
+from recovery.cli.common import (
+    add_trust_flags,
+    emit,
+    load,
+    parameters_digest,
+    signer_of,
+    signer_text,
+    trust_of,
+)
+from recovery.format.layout import scan
+from recovery.run import resume
+from recovery.state.registry import MODEL
+from recovery.storage import tracking
+from recovery.tools import audit
+
+
+def cmd_verify(args: argparse.Namespace) -> int:
+    loaded = load(args, Path(args.path))
+    mf = loaded.manifest
+    data: dict[str, Any] = {
+        "path": str(loaded.path),
+        "ok": True,
+        "step": loaded.decoded.step,
+        "purpose": mf.purpose,
+        "components": loaded.components,
+        "files": len(mf.files),
+        "sha256": mf.root,
+        "signer": signer_of(loaded),
+    }
+    emit(
+        args,
+        data,
+        f"OK {loaded.path}: step {loaded.decoded.step}, purpose {mf.purpose}, "
+        f"{len(mf.files)} files verified, signed by {signer_text(data['signer'])}, "
+        f"sha256 {mf.root}",
+    )
+    return 0
+
+
+def cmd_inspect(args: argparse.Namespace) -> int:
+    loaded = load(args, Path(args.path))
+    mf, decoded = loaded.manifest, loaded.decoded
+    rec = mf.recovery
+    model = decoded.tree.get(MODEL)
+    prov = rec.get("provenance", {})
+    data = {
+        "path": str(loaded.path),
+        "step": decoded.step,
+        "purpose": mf.purpose,
+        "run_id": rec.get("run_id"),
+        "components": loaded.components,
+        "files": [{"name": r.name, "size": r.size, "sha256": r.sha256} for r in mf.files],
+        "sha256": mf.root,
+        "parameters_sha256": parameters_digest(model) if isinstance(model, dict) else None,
+        "metrics": decoded.meta.get("metrics", {}),
+        "signer": signer_of(loaded),
+        "previous": rec.get("previous"),
+        "parent": rec.get("parent"),
+        "code": prov.get("code"),
+        "dataset": prov.get("dataset"),
+        "config_sha256": prov.get("config", {}).get("sha256"),
+    }
+    code = prov.get("code") or {}
+    lines = [
+        f"checkpoint  {loaded.path}",
+        f"step        {decoded.step}",
+        f"purpose     {mf.purpose}",
+        f"run id      {data['run_id']}",
+        f"signer      {signer_text(data['signer'])}",
+        f"components  {', '.join(loaded.components)}",
+        f"parameters  sha256 {data['parameters_sha256']}",
+        f"metrics     {json.dumps(data['metrics'], sort_keys=True)}",
+        f"code        {code.get('commit') or code.get('reason')}"
+        + (" (dirty)" if code.get("dirty") else ""),
+        f"dataset     {(prov.get('dataset') or {}).get('version')}",
+        f"sha256      {mf.root}",
+        "files:",
+        *(f"  {r.name:<24} {r.size:>12}  {r.sha256}" for r in mf.files),
+    ]
+    emit(args, data, "\n".join(lines))
+    return 0
+
+
+def cmd_ls(args: argparse.Namespace) -> int:
+    run_dir = Path(args.run_dir)
+    if not run_dir.is_dir():
+        raise errors.CheckpointNotFoundError(f"{run_dir}: no such run directory", path=run_dir)
+    listing = scan(run_dir)
+    trust = trust_of(args)
+    dvc_state = tracking.status(run_dir)
+    in_repo = tracking.find_repo(run_dir) is not None
+    rows: list[dict[str, Any]] = []
+    for step, path in listing.committed:
+        st = dvc_state.get(path.name, tracking.Status())
+        dvc = (
+            "pushed"
+            if st.pushed
+            else "registered"
+            if st.registered
+            else "pending"
+            if in_repo
+            else "-"
+        )
+        row: dict[str, Any] = {
+            "step": step,
+            "path": str(path),
+            "purpose": None,
+            "size": 0,
+            "dvc": dvc,
+        }
+        try:
+            loaded = resume.load(path, trust, allow_untrusted=args.allow_untrusted)
+            row.update(
+                purpose=loaded.manifest.purpose,
+                size=sum(r.size for r in loaded.manifest.files),
+                verified=True,
+                status="ok",
+                signer=signer_of(loaded),
+                loss=loaded.decoded.meta.get("metrics", {}).get("loss"),
+            )
+        except errors.RecoveryError as err:
+            row.update(verified=False, status=type(err).__name__, error=str(err))
+        rows.append(row)
+    for path in listing.stale:
+        rows.append({"step": None, "path": str(path), "verified": False, "status": "partial"})
+    on_disk = {step for step, _ in listing.committed}
+    for step, path in sorted(tracking.tracked_steps(run_dir).items()):
+        if step not in on_disk:
+            rows.append(
+                {
+                    "step": step,
+                    "path": str(path),
+                    "verified": False,
+                    "status": "remote-only",
+                    "dvc": "registered",
+                }
+            )
+    lines = [
+        f"{'step':>10}  {'purpose':<13} {'size':>10}  {'verified':<8}  {'signer':<32}  "
+        f"{'dvc':<10}  status"
+    ]
+    for r in rows:
+        step_txt = str(r["step"]) if r["step"] is not None else "-"
+        signer = signer_text(r.get("signer")) if r.get("signer") else "-"
+        lines.append(
+            f"{step_txt:>10}  {r.get('purpose') or '-':<13} {r.get('size', 0):>10}  "
+            f"{'yes' if r['verified'] else 'NO':<8}  {signer:<32}  {r.get('dvc', '-'):<10}  "
+            f"{r['status']}  {Path(r['path']).name}"
+        )
+    emit(args, {"run_dir": str(run_dir), "checkpoints": rows}, "\n".join(lines))
+    return 0
+
+
+def audit_text(report: audit.Report) -> str:
+    """One line per link, newest first."""
+    out = [f"audit of {report.path}"]
+    marks = {audit.OK: "[ok]    ", audit.PRUNED: "[pruned]", audit.FAILED: "[FAILED]"}
+    for i, link in enumerate(report.links):
+        arrow = "" if i == 0 else f"<- {link.relation}: "
+        parts = [f"{marks[link.status]} {arrow}{link.name}", f"step {link.step}"]
+        if link.purpose:
+            parts.append(link.purpose)
+        if link.run_id:
+            parts.append(f"run {str(link.run_id)[:8]}")
+        if link.status == audit.OK:
+            code = link.code or {}
+            parts.append(f"signer {signer_text(link.signer)}")
+            commit = code.get("commit")
+            parts.append(
+                "code "
+                + (str(commit)[:10] if commit else "not-git")
+                + (" dirty" if code.get("dirty") else "")
+            )
+            data = str(link.dataset)
+            parts.append(f"data {data[:23] + '…' if len(data) > 24 else data}")
+            if link.world_size is not None:
+                parts.append(f"world {link.world_size}")
+        elif link.status == audit.PRUNED:
+            parts.append(
+                f"not on disk (deleted by retention), recorded sha256 {str(link.sha256)[:16]}"
+            )
+        if link.resharded:
+            parts.append(
+                f"resharded {link.resharded.get('from')}->{link.resharded.get('to')} ranks"
+            )
+        if link.drift:
+            parts.append("drift since: " + ",".join(link.drift))
+        out.append("  " + "  ".join(parts))
+        if link.error:
+            out.append(f"      error: {link.error}")
+    if report.lineage:
+        first = report.lineage[0]
+        out.append(f"  -- start of run {str(first.get('run_id'))[:8]} (fresh)")
+        kinds = [s.get("kind") for s in report.lineage]
+        out.append(
+            f"segments: {len(kinds)} ({', '.join(str(k) for k in kinds)}); "
+            f"links: {len(report.links)}, "
+            f"verified {sum(link.status == audit.OK for link in report.links)}, "
+            f"pruned {sum(link.status == audit.PRUNED for link in report.links)}, "
+            f"failed {len(report.failures)}"
+        )
+    out.append("result: " + ("OK" if report.ok else f"FAILED at {report.failures[0].name}"))
+    return "\n".join(out)
+
+
+def cmd_audit(args: argparse.Namespace) -> int:
+    report = audit.audit(
+        Path(args.path),
+        trust_of(args),
+        allow_untrusted=args.allow_untrusted,
+        root=Path(args.root) if args.root else None,
+    )
+    emit(args, report.as_dict(), audit_text(report))
+    if report.ok:
+        return 0
+    first = report.failures[0]
+    print(f"error: audit failed at {first.name}: {first.error}", file=sys.stderr)
+    return exit_code(first.exception) if first.exception else 1
+
+
+def register(sub: Any) -> None:
+    """Add ``ls``, ``verify``, ``inspect`` and ``audit`` to the subcommands."""
+    p = sub.add_parser("ls", help="table of a run's checkpoints, each verified, with signer")
+    p.add_argument("run_dir", help="<checkpoint.root>/<run.name>")
+    p.set_defaults(func=cmd_ls)
+    add_trust_flags(p)
+    p = sub.add_parser("verify", help="signature, trust, every file's hash, purpose contract")
+    p.add_argument("path")
+    p.set_defaults(func=cmd_verify)
+    add_trust_flags(p)
+    p = sub.add_parser("inspect", help="step, purpose, signer, components, digests, provenance")
+    p.add_argument("path")
+    p.set_defaults(func=cmd_inspect)
+    add_trust_flags(p)
+    p = sub.add_parser("audit", help="verify and walk the lineage back to the run's start")
+    p.add_argument("path")
+    p.add_argument(
+        "--root", help="checkpoint root to find ancestors in (default: above the run dir)"
+    )
+    p.set_defaults(func=cmd_audit)
+    add_trust_flags(p)

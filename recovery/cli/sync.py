@@ -1,0 +1,70 @@
+"""``recovery sync``: register (and push) with DVC every checkpoint it has not got yet."""
+
+from __future__ import annotations
+
+import argparse
+from pathlib import Path
+from typing import Any
+
+from recovery import errors
+from recovery.cli.common import emit
+from recovery.config import parse_duration
+from recovery.format.layout import scan
+from recovery.storage import tracking
+
+
+def cmd_sync(args: argparse.Namespace) -> int:
+    run_dir = Path(args.run_dir)
+    root = tracking.find_repo(run_dir)
+    if root is None or not run_dir.is_dir():
+        raise errors.TrackingError(
+            f"{run_dir}: not a run directory inside a DVC repository (run `dvc init` at the "
+            "project root)",
+            path=run_dir,
+        )
+    state = tracking.status(run_dir)
+    todo = [
+        path
+        for _, path in scan(run_dir).committed
+        if not state.get(path.name, tracking.Status()).registered
+        or (args.push and not state.get(path.name, tracking.Status()).pushed)
+    ]
+    publisher = tracking.Publisher(root, push=args.push, remote=args.remote)
+    for path in todo:
+        publisher.submit(path)
+    done = publisher.close(parse_duration(args.timeout))
+    after = tracking.status(run_dir)
+    left = [
+        p.name
+        for p in todo
+        if not after.get(p.name, tracking.Status()).registered
+        or (args.push and not after.get(p.name, tracking.Status()).pushed)
+    ]
+    data = {
+        "run_dir": str(run_dir),
+        "synced": [p.name for p in todo if p.name not in left],
+        "pending": left,
+    }
+    emit(
+        args,
+        data,
+        f"synced {len(data['synced'])}, still pending {len(left)}"
+        + (f": {', '.join(left)}" if left else ""),
+    )
+    if left or not done:
+        raise errors.TrackingError(
+            f"{run_dir}: {len(left)} checkpoint(s) still pending ({', '.join(left)}); "
+            "is the DVC repository locked or the remote unreachable?",
+            path=run_dir,
+        )
+    return 0
+
+
+def register(sub: Any) -> None:
+    """Add ``sync`` to the subcommands."""
+    p = sub.add_parser("sync", help="register (and push) every checkpoint DVC has not got yet")
+    p.add_argument("run_dir")
+    p.add_argument("--push", action="store_true", help="also push to the remote")
+    p.add_argument("--remote", default=None, help="DVC remote name (default: the default remote)")
+    p.add_argument("--timeout", default="10m", help="give up after this long (e.g. 90s, 10m)")
+    p.set_defaults(func=cmd_sync)

@@ -1,0 +1,170 @@
+"""What one save *is*: a value built on the training thread at the step boundary.
+
+A :class:`SaveJob` holds everything decided when the save was asked for (the
+artifact's path, purpose and contract, the signed statement with the run's
+links as of this step, the metadata, the resolved config). Writing it needs
+only the state's tensors, which the strategy in :mod:`recovery.run.savers`
+obtains its own way (straight from the model, from staging buffers, or per
+rank). Keeping the decision a value is what lets it run on another thread
+without reading the checkpointer's mutable state there.
+"""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Sequence
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import torch
+
+from recovery.format import codec
+from recovery.format.manifest import FileRecord, Manifest
+from recovery.integrity import commit
+from recovery.integrity.signing import Signer
+from recovery.provenance import purpose
+from recovery.run.restore import Identity
+from recovery.state import snapshot
+
+Tensors = dict[str, dict[str, torch.Tensor]]
+
+
+def split(tree: dict[str, Any]) -> tuple[dict[str, Any], Tensors]:
+    """Each component's state into its pickle-free skeleton and its tensors."""
+    parts = {name: codec.split(part) for name, part in tree.items()}
+    return {n: sk for n, (sk, _) in parts.items()}, {n: ts for n, (_, ts) in parts.items()}
+
+
+@dataclass(frozen=True)
+class SaveJob:
+    """One artifact to write.
+
+    Attributes:
+        final: the committed directory's path.
+        step: the step it captures.
+        purpose: its purpose name; ``requires`` is that purpose's contract.
+        statement: the signed statement without ``components`` (added from what is written).
+        meta: ``state.json``'s run metadata (run id, metrics, model config, expectations).
+        config_yaml: the resolved, redacted config.
+        chained: a continuation checkpoint of the run: once committed it becomes the
+            run's previous link, is retained and costed (a warm-start copy is not).
+    """
+
+    final: Path
+    step: int
+    purpose: str
+    requires: tuple[str, ...]
+    statement: dict[str, Any] = field(repr=False)
+    meta: dict[str, Any] = field(repr=False)
+    config_yaml: str = field(repr=False)
+    chained: bool = True
+
+    def write(
+        self,
+        skeletons: dict[str, Any],
+        tensors: Tensors,
+        *,
+        signer: Signer,
+        tmp: Path | None = None,
+        adopt: Sequence[str | FileRecord] = (),
+        extra_meta: dict[str, Any] | None = None,
+    ) -> Manifest:
+        """Encode, check the purpose contract, then commit atomically and signed.
+
+        Args:
+            tmp, adopt: a temp directory already holding files (other ranks' shards)
+                and those files, to be listed and signed with the rest.
+            extra_meta: metadata known only when writing (how the ranks split the state).
+
+        Raises:
+            PurposeError: what is written lacks what the purpose requires (nothing committed).
+            CommitError: the commit failed; any earlier checkpoint is intact.
+        """
+        meta = {**self.meta, **(extra_meta or {})}
+        files = snapshot.encode_split(
+            skeletons, tensors, step=self.step, meta=meta, config_yaml=self.config_yaml
+        )
+        have = snapshot.present(skeletons, meta, files, self.statement)
+        purpose.check_contract(self.purpose, self.requires, have, where=str(self.final))
+        return commit.commit(
+            self.final,
+            files,
+            {**self.statement, "components": have},
+            signer=signer,
+            tmp=tmp,
+            adopt=adopt,
+        )
+
+
+@dataclass(frozen=True)
+class Carried:
+    """What every artifact of this process carries, fixed when the checkpointer is built."""
+
+    provenance: dict[str, Any] = field(repr=False)
+    """This process's capture (:func:`recovery.provenance.capture.capture`)."""
+    config_yaml: str = field(repr=False)
+    """The resolved, redacted config."""
+    model_config: dict[str, Any] | None
+    """What rebuilds the model (for warm starts)."""
+    world_size: int
+
+
+def build(
+    final: Path,
+    step: int,
+    *,
+    purpose_name: str,
+    requires: Sequence[str],
+    identity: Identity,
+    carried: Carried,
+    metrics: dict[str, Any] | None,
+    interval: dict[str, Any],
+    expect: dict[str, Any] | None = None,
+    chained: bool = True,
+) -> SaveJob:
+    """The save of ``step`` as of now: the statement carries the run's links at this step.
+
+    Args:
+        identity: the run's id, lineage segments and the links to the previous
+            artifact and the parent.
+        carried: provenance (to which the drift and resharding this run segment
+            resumed across are added), config, model config, world size.
+        interval: the cadence's description (how the interval was chosen).
+        expect: what a resume must find (the continuation contract's checks).
+    """
+    meta: dict[str, Any] = {"run_id": identity.run_id, "metrics": dict(metrics or {})}
+    if carried.model_config is not None:
+        meta[snapshot.MODEL_CONFIG] = carried.model_config
+    if expect is not None:
+        meta["expect"] = expect
+    resumed_across: dict[str, Any] = {}
+    if identity.drift:
+        resumed_across["drift"] = identity.drift
+    if identity.resharded:
+        resumed_across["resharded"] = identity.resharded
+    statement: dict[str, Any] = {
+        "step": step,
+        "purpose": purpose_name,
+        "requires": list(requires),
+        "run_id": identity.run_id,
+        "segment": len(identity.lineage) - 1,
+        "metrics": dict(metrics or {}),
+        "previous": identity.previous,
+        "parent": identity.parent,
+        "lineage": list(identity.lineage),
+        "provenance": {**carried.provenance, **resumed_across},
+        "world_size": carried.world_size,
+        "interval": interval,
+        "started_at": time.time(),
+    }
+    return SaveJob(
+        final=final,
+        step=step,
+        purpose=purpose_name,
+        requires=tuple(requires),
+        statement=statement,
+        meta=meta,
+        config_yaml=carried.config_yaml,
+        chained=chained,
+    )

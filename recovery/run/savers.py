@@ -1,0 +1,212 @@
+"""Where a save runs: inline, on the background writer, or across the ranks of a job.
+
+The checkpointer picks one strategy at construction (:func:`choose`) and hands
+it each :class:`~recovery.run.job.SaveJob`; the strategy obtains the state's
+tensors its own way, writes the job, and reports the commit with its
+:class:`Cost` to the checkpointer's ``committed`` callback (lineage,
+retention, cost record, DVC). Rejected: ``if distributed / elif async``
+branches in the save path, which made every new way of saving another branch
+through the checkpointer.
+"""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Callable
+from dataclasses import dataclass
+from typing import Any
+
+from recovery.dist import multirank, sharded
+from recovery.dist.world import World
+from recovery.format.layout import DISTRIBUTED
+from recovery.format.manifest import Manifest
+from recovery.integrity.signing import Signer
+from recovery.run.job import SaveJob, Tensors, split
+from recovery.run.staging import Staging
+from recovery.run.writer import BackgroundWriter
+from recovery.state.registry import TrainState
+
+
+@dataclass(frozen=True)
+class Cost:
+    """What one committed save cost."""
+
+    pause_s: float
+    """Time the training thread was held (the whole write when synchronous)."""
+    wait_s: float
+    """Time it waited for the previous save first."""
+    write_s: float
+    """From the tensors in hand to the committed directory."""
+    mode: str
+    """``sync`` or ``async``."""
+
+    def event(self, step: int, nbytes: int) -> dict[str, Any]:
+        """The journal's ``checkpoint`` record."""
+        return {
+            "event": "checkpoint",
+            "step": step,
+            "mode": self.mode,
+            "pause_s": self.pause_s,
+            "wait_s": self.wait_s,
+            "write_s": self.write_s,
+            "bytes": nbytes,
+            "throughput_mb_s": nbytes / self.write_s / 1e6 if self.write_s > 0 else None,
+        }
+
+
+Committed = Callable[[SaveJob, Manifest, Cost], None]
+
+
+class Inline:
+    """Writes on the training thread: the pause is the whole write."""
+
+    def __init__(self, signer: Signer, committed: Committed) -> None:
+        self.signer = signer
+        self.committed = committed
+
+    def save(self, job: SaveJob, state: TrainState, *, waited: float, sync: bool = False) -> float:
+        """Write ``job`` from ``state``; return the seconds the training thread was held.
+
+        Raises:
+            PurposeError, CommitError: nothing was committed; earlier checkpoints are intact.
+        """
+        started = time.perf_counter()
+        skeletons, tensors = split(state.state_dict())
+        return self._write(job, skeletons, tensors, started, waited, mode="sync")
+
+    def _write(
+        self,
+        job: SaveJob,
+        skeletons: dict[str, Any],
+        tensors: Tensors,
+        started: float,
+        waited: float,
+        *,
+        mode: str,
+        pause: float | None = None,
+        **commit_kw: Any,
+    ) -> float:
+        mf = job.write(skeletons, tensors, signer=self.signer, **commit_kw)
+        write_s = time.perf_counter() - started
+        cost = Cost(pause if pause is not None else write_s, waited, write_s, mode)
+        self.committed(job, mf, cost)
+        return cost.pause_s
+
+    def wait(self) -> float:
+        """Wait for the save in flight; return the seconds waited (nothing is ever in flight)."""
+        return 0.0
+
+    def raise_if_failed(self) -> None:
+        """Raise a finished save's failure (an inline save raises where it runs)."""
+
+    def close(self) -> float:
+        """Finish; return the seconds waited."""
+        return 0.0
+
+
+class Background(Inline):
+    """Copies the state into reused staging buffers and writes on the background thread.
+
+    The pause is the copy; the next save waits for the one in flight, so at
+    most one is in the air (:class:`~recovery.run.writer.BackgroundWriter`).
+    """
+
+    def __init__(self, signer: Signer, committed: Committed) -> None:
+        super().__init__(signer, committed)
+        self._writer = BackgroundWriter()
+        self._staging = Staging()
+
+    def save(self, job: SaveJob, state: TrainState, *, waited: float, sync: bool = False) -> float:
+        """Stage ``state`` and write in the background; ``sync`` writes inline (preemption)."""
+        if sync:
+            return super().save(job, state, waited=waited)
+        started = time.perf_counter()
+        staged = self._staging.stage(state.state_dict())
+        pause = time.perf_counter() - started
+
+        def run() -> Any:
+            begun = time.perf_counter()
+            self._write(
+                job, staged.skeletons, staged.tensors, begun, waited, mode="async", pause=pause
+            )
+            return job.final
+
+        self._writer.submit(run)
+        return pause
+
+    def wait(self) -> float:
+        """Wait for the save in flight; return the seconds waited.
+
+        Raises:
+            CommitError: it failed.
+        """
+        return self._writer.wait()
+
+    def raise_if_failed(self) -> None:
+        """Raise the failure of a finished background save, once.
+
+        Raises:
+            CommitError: it failed.
+        """
+        self._writer.raise_if_failed()
+
+    def close(self) -> float:
+        """Wait for the save in flight and stop the thread; return the seconds waited.
+
+        Raises:
+            CommitError: the last save failed.
+        """
+        started = time.perf_counter()
+        self._writer.close()
+        return time.perf_counter() - started
+
+
+class Ranks(Inline):
+    """Every rank writes its shards (:mod:`recovery.dist.multirank`); rank 0 writes the
+    replicated components beside them, lists and signs every file, and commits; then all
+    ranks learn the outcome together."""
+
+    def __init__(self, signer: Signer, committed: Committed, world: World, strategy: str) -> None:
+        super().__init__(signer, committed)
+        self.world = world
+        self.strategy = strategy
+
+    def save(self, job: SaveJob, state: TrainState, *, waited: float, sync: bool = False) -> float:
+        """Write ``job`` on every rank; commit on rank 0.
+
+        Raises:
+            CommitError: some rank failed; the step is abandoned on every rank.
+        """
+        started = time.perf_counter()
+        tmp, groups, hashed = multirank.write_parts(state, job.final, self.world, job.step)
+        committed, pause = False, 0.0
+        try:
+            if self.world.leader:
+                names = [n for n in state.components if n not in sharded.SHARDED]
+                skeletons, tensors = split({n: state.components[n].state_dict() for n in names})
+                pause = self._write(
+                    job,
+                    skeletons,
+                    tensors,
+                    started,
+                    waited,
+                    mode="sync",
+                    tmp=tmp,
+                    adopt=multirank.adopted(tmp, hashed),
+                    extra_meta={DISTRIBUTED: multirank.describe(self.world, self.strategy, groups)},
+                )
+            committed = True
+        finally:
+            multirank.announce(self.world, committed, job.final, job.step)
+        return pause
+
+
+def choose(
+    *, async_save: bool, world: World, strategy: str, signer: Signer, committed: Committed
+) -> Inline:
+    """The one place that decides where this run's saves run."""
+    if world.distributed:
+        return Ranks(signer, committed, world, strategy)
+    if async_save:
+        return Background(signer, committed)
+    return Inline(signer, committed)

@@ -1,0 +1,138 @@
+"""The package's shape: a light core, the import contract, what an install contains."""
+
+from __future__ import annotations
+
+import os
+import shutil
+import subprocess
+import sys
+import zipfile
+from pathlib import Path
+
+import pytest
+
+from recovery.format.layout import step_dir_name
+from tests.conftest import commit_state, tiny_state
+
+REPO = Path(__file__).resolve().parents[2]
+EXTRAS = ("dvc", "hydra", "omegaconf", "matplotlib", "sklearn")
+# Run in a fresh interpreter: makes every extra unimportable, as in a core-only install.
+BLOCK = f"""
+import sys
+class _Block:
+    def find_spec(self, name, path=None, target=None):
+        if name.split(".")[0] in {EXTRAS!r}:
+            raise ModuleNotFoundError(f"No module named {{name!r}} (blocked by the test)")
+sys.meta_path.insert(0, _Block())
+"""
+
+
+def python(code: str, *, cwd: Path = REPO, env: dict[str, str] | None = None):
+    return subprocess.run(
+        [sys.executable, "-c", code],
+        cwd=cwd,
+        capture_output=True,
+        text=True,
+        timeout=120,
+        # this checkout's package, whichever one the environment has installed
+        env={**os.environ, "PYTHONPATH": str(REPO), **(env or {})},
+    )
+
+
+def test_import_recovery_pulls_in_no_extra():
+    out = python(
+        "import sys, recovery, recovery.cli\n"
+        f"print(sorted({{m.split('.')[0] for m in sys.modules}} & set({EXTRAS!r} + ('recipes',))))"
+    )
+    assert out.returncode == 0, out.stderr
+    assert out.stdout.strip() == "[]"
+
+
+def test_reading_commands_work_without_any_extra(tmp_path, signer):
+    run_dir = tmp_path / "run"
+    commit_state(run_dir, tiny_state(), 3, signer)
+    path = run_dir / step_dir_name(3)
+    trusted = tmp_path / "trusted"
+    trusted.mkdir()
+    (trusted / "k.pub").write_bytes(signer.public_pem)
+    for argv in (
+        ["verify", str(path)],
+        ["inspect", str(path)],
+        ["audit", str(path)],
+        ["ls", str(run_dir)],
+    ):
+        out = python(
+            BLOCK
+            + "from recovery import cli\n"
+            + f"sys.exit(cli.main({[*argv, '--trusted', str(trusted)]!r}))",
+            cwd=tmp_path,
+        )
+        assert out.returncode == 0, (argv, out.stdout, out.stderr)
+        assert "blocked by the test" not in out.stdout + out.stderr
+
+
+@pytest.mark.parametrize(
+    ("argv", "extra"),
+    [
+        (["sync", "run"], "recovery[dvc]"),
+        (["export"], "recovery[hydra]"),
+        (["drill"], "recovery[hydra]"),
+    ],
+)
+def test_a_command_that_needs_an_extra_names_it(tmp_path, argv, extra):
+    (tmp_path / ".dvc").mkdir()
+    (tmp_path / ".dvc" / "config").write_text("")  # a DVC repository, for sync
+    (tmp_path / "run").mkdir()
+    out = python(BLOCK + f"from recovery import cli\nsys.exit(cli.main({argv!r}))", cwd=tmp_path)
+    assert out.returncode == 12, out.stderr
+    assert extra in out.stderr and "Traceback" not in out.stderr
+
+
+def test_the_import_contract_refuses_an_upward_import(tmp_path):
+    for name in ("recovery", "recipes"):
+        shutil.copytree(REPO / name, tmp_path / name, ignore=shutil.ignore_patterns("__pycache__"))
+    shutil.copy(REPO / "pyproject.toml", tmp_path)
+    lint = [str(Path(sys.executable).parent / "lint-imports")]
+    env = {**os.environ, "PYTHONPATH": str(tmp_path)}
+    kept = subprocess.run(lint, cwd=tmp_path, capture_output=True, text=True, env=env)
+    assert kept.returncode == 0, kept.stdout
+    codec = tmp_path / "recovery" / "format" / "codec.py"
+    codec.write_text(codec.read_text() + "\nfrom recovery.run import checkpointer  # noqa\n")
+    broken = subprocess.run(lint, cwd=tmp_path, capture_output=True, text=True, env=env)
+    assert broken.returncode != 0
+    assert "BROKEN" in broken.stdout
+    assert "recovery.format.codec -> recovery.run.checkpointer" in broken.stdout
+
+
+def test_the_wheel_holds_the_library_and_not_the_recipes(tmp_path):
+    built = subprocess.run(
+        [
+            sys.executable,
+            "-m",
+            "pip",
+            "wheel",
+            "--no-deps",
+            "--no-build-isolation",
+            "-w",
+            str(tmp_path),
+            str(REPO),
+        ],
+        capture_output=True,
+        text=True,
+        timeout=300,
+    )
+    assert built.returncode == 0, built.stderr
+    (wheel,) = tmp_path.glob("recovery-*.whl")
+    names = zipfile.ZipFile(wheel).namelist()
+    tops = {n.split("/")[0] for n in names}
+    assert "recipes" not in tops and "tests" not in tops
+    assert "recovery/cli/main.py" in names and "recovery/run/checkpointer.py" in names
+    metadata = next(n for n in names if n.endswith("METADATA"))
+    requires = [
+        line.split(":", 1)[1].strip()
+        for line in zipfile.ZipFile(wheel).read(metadata).decode().splitlines()
+        if line.startswith("Requires-Dist:")
+    ]
+    core = [r for r in requires if "extra ==" not in r]
+    assert not any(r.lower().startswith(("dvc", "hydra", "matplotlib", "scikit")) for r in core)
+    assert any(r.startswith("dvc") and 'extra == "dvc"' in r for r in requires)
