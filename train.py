@@ -14,8 +14,8 @@ from omegaconf import DictConfig
 
 import recipes
 from recovery.cli import report
-from recovery.dist import world as distributed
 from recovery.errors import RecoveryError
+from recovery.parallel import world as distributed
 
 
 @hydra.main(config_path="conf", config_name="config", version_base=None)

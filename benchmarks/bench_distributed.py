@@ -45,9 +45,9 @@ def worker(args: argparse.Namespace) -> None:
 
     from recipes.common import parallelize
     from recovery.config import CheckpointConfig, DistConfig
-    from recovery.dist import world as distributed
     from recovery.format import tensorfile
     from recovery.integrity.signing import Signer, TrustStore, generate_keypair
+    from recovery.parallel import world as distributed
     from recovery.run.checkpointer import Checkpointer
     from recovery.state.registry import TrainState
     from recovery.state.sampler import ResumableSampler

@@ -33,12 +33,12 @@ from recovery.config import (
     TrainConfig,
     typed,
 )
-from recovery.dist import sharded
-from recovery.dist import world as distributed
-from recovery.dist.world import World
 from recovery.errors import ConfigError, Preempted
 from recovery.format.layout import METRICS_FILE
 from recovery.integrity import trust
+from recovery.parallel import sharded
+from recovery.parallel import world as distributed
+from recovery.parallel.world import World
 from recovery.provenance import capture as provenance
 from recovery.provenance.purpose import PurposeSpec
 from recovery.run.checkpointer import Checkpointer

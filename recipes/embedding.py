@@ -21,9 +21,9 @@ from recipes import common
 from recipes.common import seed_everything, warmup_cosine
 from recipes.data import DataConfig, Interactions, load
 from recovery.config import TrainConfig, typed
-from recovery.dist import world as distributed
-from recovery.dist.world import World
 from recovery.errors import ConfigError
+from recovery.parallel import world as distributed
+from recovery.parallel.world import World
 from recovery.state.registry import TrainState
 from recovery.state.sampler import ResumableSampler
 

@@ -26,9 +26,9 @@ from torch import nn
 from recipes.data import Interactions, load
 from recipes.embedding import DotProduct, EmbeddingConfig
 from recovery.config import CheckpointConfig, RunConfig, SigningConfig, typed
-from recovery.dist import sharded
 from recovery.errors import ConfigError, ExportError
 from recovery.integrity import trust
+from recovery.parallel import sharded
 from recovery.run import resume
 from recovery.tools import export
 

@@ -60,7 +60,8 @@ def cmd_drill(args: argparse.Namespace) -> int:
             else f"FAIL: {len(report.differences)} differences"
         ),
         *(f"  {d}" for d in report.differences[:20]),
-        f"report {out / drill.DRILL_FILE}, plot {report.plot}, {report.seconds:.0f}s",
+        f"report {out / drill.DRILL_FILE}, plot {report.plot or 'none (needs recovery[plot])'}, "
+        f"{report.seconds:.0f}s",
     ]
     emit(args, {**report.__dict__, "out": str(out)}, "\n".join(lines))
     if not report.passed:

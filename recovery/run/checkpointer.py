@@ -25,14 +25,14 @@ from typing import Any
 import yaml
 
 from recovery.config import CheckpointConfig, parse_duration
-from recovery.dist import multirank
-from recovery.dist import world as distributed
-from recovery.dist.world import World
 from recovery.errors import Preempted, PurposeError
 from recovery.format.layout import step_dir_name
 from recovery.format.manifest import Manifest
 from recovery.integrity import commit
 from recovery.integrity.signing import Signer, TrustStore
+from recovery.parallel import multirank
+from recovery.parallel import world as distributed
+from recovery.parallel.world import World
 from recovery.provenance import capture as prov
 from recovery.provenance import lineage, purpose
 from recovery.provenance.purpose import BUILTIN, PurposeSpec
@@ -71,7 +71,7 @@ class Checkpointer:
         preemption: the run's signal guard; a request turns into a checkpoint and
             :class:`~recovery.errors.Preempted` at the next step boundary.
         world: this process's rank and the job's size (``torchrun``); every rank
-            runs a checkpointer, rank 0 alone commits (:mod:`recovery.dist.multirank`).
+            runs a checkpointer, rank 0 alone commits (:mod:`recovery.parallel.multirank`).
         seed: the run's seed, from which a resume on another world size reseeds.
         strategy: the job's parallelism (``ddp``/``fsdp``), recorded in checkpoints.
     """

@@ -16,12 +16,12 @@ from typing import Any
 
 import yaml
 
-from recovery.dist import multirank, sharded
-from recovery.dist import world as distributed
-from recovery.dist.world import World
 from recovery.errors import DriftError, PurposeError, RunDirInUseError
 from recovery.format.layout import CONFIG_FILE, DISTRIBUTED, scan
 from recovery.integrity.signing import TrustStore
+from recovery.parallel import multirank, sharded
+from recovery.parallel import world as distributed
+from recovery.parallel.world import World
 from recovery.provenance import capture as prov
 from recovery.provenance import lineage, purpose
 from recovery.run import resume

@@ -16,11 +16,11 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
 
-from recovery.dist import multirank, sharded
-from recovery.dist.world import World
 from recovery.format.layout import DISTRIBUTED
 from recovery.format.manifest import Manifest
 from recovery.integrity.signing import Signer
+from recovery.parallel import multirank, sharded
+from recovery.parallel.world import World
 from recovery.run.job import SaveJob, Tensors, split
 from recovery.run.staging import Staging
 from recovery.run.writer import BackgroundWriter
@@ -162,7 +162,7 @@ class Background(Inline):
 
 
 class Ranks(Inline):
-    """Every rank writes its shards (:mod:`recovery.dist.multirank`); rank 0 writes the
+    """Every rank writes its shards (:mod:`recovery.parallel.multirank`); rank 0 writes the
     replicated components beside them, lists and signs every file, and commits; then all
     ranks learn the outcome together."""
 

@@ -262,7 +262,10 @@ def run(
         steps=plan.steps,
         seconds=time.time() - started,
     )
-    report.plot = str(_plot(plan, ref_run, vic_run, report))
+    try:
+        report.plot = str(_plot(plan, ref_run, vic_run, report))
+    except ImportError as err:  # the verdict stands without its picture
+        log.warning("drill: no plot (%s); pip install 'recovery[plot]' for drill.png", err)
     (plan.out / DRILL_FILE).write_text(json.dumps(asdict(report), indent=1))
     return report
 

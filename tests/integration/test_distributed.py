@@ -15,10 +15,10 @@ import torch
 
 from recipes.embedding import DotProduct
 from recovery import cli
-from recovery.dist import sharded
 from recovery.format.layout import DISTRIBUTED, METRICS_FILE, scan, step_dir_name
 from recovery.integrity import reader
 from recovery.integrity.trust import KEY_ENV
+from recovery.parallel import sharded
 from recovery.run import resume
 from recovery.run.journal import effective_steps
 from recovery.tools.drill import flat_tensors

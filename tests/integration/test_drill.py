@@ -7,6 +7,7 @@ import json
 import pytest
 
 from recovery import cli
+from recovery.tools import drill
 from tests.integration.conftest import ROOT, SMALL
 
 pytestmark = pytest.mark.integration
@@ -50,10 +51,17 @@ def test_drill_fails_when_a_piece_of_state_is_not_restored(
 ):
     monkeypatch.chdir(ROOT)
     monkeypatch.setenv("RECOVERY_DRILL_DROP", dropped)
+    if dropped == "rng":  # also: without the [plot] extra the verdict stands, without a picture
+
+        def no_matplotlib(*_: object) -> None:
+            raise ModuleNotFoundError("No module named 'matplotlib'")
+
+        monkeypatch.setattr(drill, "_plot", no_matplotlib)
     code = cli.main(drill_args(tmp_path, data_root, "--kills", "1", "--seed", "0"))
     captured = capsys.readouterr()
     report = json.loads(captured.out)
     assert code == 23
+    assert (report["plot"] is None) == (dropped == "rng")
     assert not report["passed"] and report["differences"]
     assert "drill failed" in captured.err
     if dropped == "sampler":

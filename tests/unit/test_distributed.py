@@ -11,9 +11,6 @@ import torch
 import torch.multiprocessing as mp
 
 from recovery.config import DistConfig
-from recovery.dist import multirank, sharded
-from recovery.dist import world as distributed
-from recovery.dist.world import World
 from recovery.errors import (
     ConfigError,
     DigestMismatchError,
@@ -23,6 +20,9 @@ from recovery.errors import (
 from recovery.format import tensorfile
 from recovery.format.manifest import FileRecord
 from recovery.integrity import commit, reader
+from recovery.parallel import multirank, sharded
+from recovery.parallel import world as distributed
+from recovery.parallel.world import World
 from recovery.state import rng
 
 

@@ -33,28 +33,22 @@ from __future__ import annotations
 import json
 import logging
 import shutil
-from collections.abc import Mapping
 from pathlib import Path
 from typing import Any
 
-import torch
 from torch.distributed.checkpoint.api import CheckpointException
 
 from recovery import faults
-
-from recovery.dist import world as distributed
-
-from recovery.state import rng
-
-from recovery.dist import sharded
-
-from recovery.format import tensorfile
-from recovery.dist.world import World
 from recovery.errors import CommitError, ConfigError, IncompatibleStateError, RecoveryError
+from recovery.format import tensorfile
 from recovery.format.layout import DCP_DIR, DISTRIBUTED, temp_dir_for
 from recovery.format.manifest import FileRecord
-from recovery.state.snapshot import Decoded
+from recovery.parallel import sharded
+from recovery.parallel import world as distributed
+from recovery.parallel.world import World
+from recovery.state import rng
 from recovery.state.registry import MODEL, OPTIMIZER, RNG, TrainState
+from recovery.state.snapshot import Decoded
 
 log = logging.getLogger(__name__)
 
@@ -199,7 +193,8 @@ def load_state(
     world: World,
     seed: int,
 ) -> dict[str, Any] | None:
-    """Restore ``state`` from a verified checkpoint (decoded, its verified files, its path) on the current world.
+    """Restore ``state`` on the current world from a verified checkpoint: its decoded
+    tree, its verified files and its path.
 
     Model and optimizer come from DCP when the checkpoint has them there (at
     any world size, with or without a process group), otherwise from their
@@ -224,11 +219,7 @@ def load_state(
     problems = state.mismatches(tree, only=plain)
     own: dict[str, Any] | None = None
     if saved_size == world.size:  # the same ranks: each continues its own RNG streams exactly
-        own = (
-            sharded.read_rank(files, world.rank, where=path)
-            if via_dcp
-            else {RNG: tree[RNG]}
-        )
+        own = sharded.read_rank(files, world.rank, where=path) if via_dcp else {RNG: tree[RNG]}
         problems += [f"rank {world.rank} {line}" for line in rng.validate(own.get(RNG))]
     if problems:
         raise IncompatibleStateError(

@@ -29,14 +29,11 @@ from torch.distributed.checkpoint.state_dict_loader import load as dcp_load
 from torch.distributed.checkpoint.state_dict_saver import save as dcp_save
 from torch.utils._pytree import tree_map_only
 
-from recovery.format import codec
-
-from recovery.integrity import commit
-
-from recovery.format import tensorfile
 from recovery.errors import FormatError, IncompatibleStateError
+from recovery.format import codec, tensorfile
 from recovery.format.layout import DCP_DIR, DISTRIBUTED, RANK_DIR, TENSOR_SUFFIX
 from recovery.format.manifest import FileRecord
+from recovery.integrity import commit
 
 SHARDED = ("model", "optimizer")
 """Components that go through DCP in a distributed checkpoint."""
