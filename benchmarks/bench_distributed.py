@@ -10,7 +10,7 @@ to the end:
 - ``DCP save``: ``torch.distributed.checkpoint.save`` of the same model and
   optimizer tensors (``sync_files=True``), into a fresh directory: the
   baseline;
-- ``ours``: :meth:`recovery.checkpointer.Checkpointer.save`, the whole
+- ``ours``: :meth:`recovery.run.checkpointer.Checkpointer.save`, the whole
   distributed commit (each rank's own files, the DCP shards, each rank
   hashing what it wrote, the agreements and the digests sent to rank 0, rank
   0's replicated state, the signature, the rename). Retention keeps two of

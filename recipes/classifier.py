@@ -7,7 +7,7 @@ for exact resume: its randomness is keyed by (seed, epoch, example id) alone,
 never by a worker's own generator, so a resume is exact and any
 ``num_workers`` yields the same batches.
 
-The batch order comes from the :class:`~recovery.sampler.ResumableSampler`.
+The batch order comes from the :class:`~recovery.state.sampler.ResumableSampler`.
 The DataLoader is handed the rest of the current epoch's batches as a fixed
 list (prefetching workers must not move the checkpointed cursor); the training
 loop advances the cursor itself as it consumes each batch, and checks they agree.

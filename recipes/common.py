@@ -1,6 +1,6 @@
 """What every recipe shares: schedules, seeding, the checkpointer's wiring and the loop.
 
-A recipe builds its model, data and :class:`~recovery.state.TrainState`, and a
+A recipe builds its model, data and :class:`~recovery.state.registry.TrainState`, and a
 function that performs one optimizer step; :func:`train` does the rest the
 same way for every recipe: journal, preemption guard, checkpointer (signer,
 trust, provenance, purposes), restore, the step loop with its per-step record

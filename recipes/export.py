@@ -4,7 +4,7 @@ Builds the serving module from the chosen continuation checkpoint: raw user
 and item ids in, scores out, with the id-to-row lookup inside the program, so
 the artifact serves without this project's code. Unknown ids are explicit: the
 score is NaN and ``known`` is false. After writing, it loads the artifact back
-through :func:`recovery.export.load_inference` and checks parity on held-out
+through :func:`recovery.tools.export.load_inference` and checks parity on held-out
 interactions (predictions within the dtype's tolerance of the training model,
 held-out log loss within tolerance of the value recorded at training time);
 on a miss it deletes the artifact and fails, showing both numbers.
@@ -176,7 +176,9 @@ def run(cfg: DictConfig) -> int:
         )
     data = load(rc.data, create=False)
     # a torchrun checkpoint keeps its weights in dcp/: read them whole, here
-    tree = sharded.tree_with_model(source.decoded.tree, source.path, source.decoded.meta)
+    tree = sharded.tree_with_model(
+        source.decoded.tree, source.files, source.decoded.meta, where=source.path
+    )
     out = Path(ex.out)
     export.write_artifact(
         out,

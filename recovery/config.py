@@ -183,7 +183,7 @@ class SigningConfig:
 
 @dataclass(kw_only=True)
 class HealthConfig:
-    """The resume health monitor (:mod:`recovery.health`)."""
+    """The resume health monitor (:mod:`recovery.state.health`)."""
 
     enabled: bool = True
     """Record the history and judge each resume."""

@@ -7,7 +7,7 @@ digests in listed order). Our own fields ride in one extra predicate field,
 ``recovery``: format version, step, purpose, run id, file sizes, metrics and,
 later, provenance. Verifiers of that format ignore unknown fields.
 
-The statement's canonical JSON (:func:`payload`) is what :mod:`recovery.signing`
+The statement's canonical JSON (:func:`payload`) is what :mod:`recovery.integrity.signing`
 signs into ``model.sig``, the last file written to the directory; the
 signature file itself is listed in ``ignore_paths``, as model-signing expects.
 """

@@ -90,7 +90,7 @@ def commit(
         recovery: the statement's ``recovery`` predicate (must hold ``step``); the
             signer's description is added as ``signer``.
         signer: signs the statement into ``model.sig``.
-        tmp: a temp directory (:func:`~recovery.layout.temp_dir_for`) that already
+        tmp: a temp directory (:func:`~recovery.format.layout.temp_dir_for`) that already
             exists, holding files other processes wrote (the ranks of a
             distributed save); default: a new one.
         adopt: files already in ``tmp`` (fsynced by their writers) to list in the

@@ -35,7 +35,6 @@ from recovery.errors import (
 )
 from recovery.format import manifest, tensorfile
 from recovery.format.layout import (
-    DCP_PREFIX,
     SIGNATURE_FILE,
     TENSOR_SUFFIX,
     is_uncommitted,
@@ -52,8 +51,9 @@ class Verified:
     """A verified directory: its manifest and the verified bytes of each file.
 
     ``.safetensors`` files come as one uint8 tensor each (decoded zero-copy by
-    :func:`recovery.tensorfile.views`); DCP files (``dcp/...``) are verified
-    but not kept (DCP reads them itself, after this); every other file as ``bytes``.
+    :func:`recovery.format.tensorfile.views`); every other file, DCP's
+    (``dcp/...``) included, as ``bytes``: DCP reads those through
+    :class:`recovery.integrity.dcp.VerifiedReader`, never from disk.
     """
 
     path: Path
@@ -96,7 +96,7 @@ def read_manifest(path: Path, trust: TrustStore, *, allow_untrusted: bool = Fals
     Raises:
         CheckpointNotFoundError: ``path`` is not a directory.
         ManifestError: no ``model.sig`` (an uncommitted directory) or a malformed statement.
-        SignatureError, UntrustedSignerError: see :func:`recovery.signing.verify_bundle`.
+        SignatureError, UntrustedSignerError: see :func:`recovery.integrity.signing.verify_bundle`.
     """
     if path.is_symlink():
         raise UnsafePathError(f"{path}: is a symlink; expected a checkpoint directory", path=path)
@@ -179,16 +179,12 @@ def read_verified(
     blobs: dict[str, bytes | torch.Tensor] = {}
     with bytes_bar(sum(max(r.size, 0) for r in mf.files), f"verifying {path.name}") as progress:
         for rec in mf.files:
-            data = _read_one(path, rec, progress)
-            if data is not None:
-                blobs[rec.name] = data
+            blobs[rec.name] = _read_one(path, rec, progress)
     return Verified(path=path, manifest=mf, files=blobs)
 
 
-def _read_one(
-    path: Path, rec: FileRecord, progress: Callable[[int], None]
-) -> bytes | torch.Tensor | None:
-    """One listed file's verified content (``None`` for DCP files: verified, not kept).
+def _read_one(path: Path, rec: FileRecord, progress: Callable[[int], None]) -> bytes | torch.Tensor:
+    """One listed file's verified content.
 
     Raises:
         TruncatedFileError, DigestMismatchError.
@@ -201,15 +197,13 @@ def _read_one(
             "truncated or rewritten. Resume from another checkpoint.",
             path=file,
         )
-    data: bytes | torch.Tensor | None
-    if rec.name.startswith(DCP_PREFIX):
-        # read later by torch.distributed.checkpoint from disk: hash it, keep nothing
-        data, (digest, _) = None, tensorfile.hash_file(file, progress=progress)
-    elif rec.name.endswith(TENSOR_SUFFIX):
+    data: bytes | torch.Tensor
+    if rec.name.endswith(TENSOR_SUFFIX):
         data, digest = tensorfile.read_hashed(file, size=found, progress=progress)
     else:
         data = _read_nofollow(file)
         digest = hashlib.sha256(data).hexdigest()
+        progress(len(data))
     if digest != rec.sha256:
         raise DigestMismatchError(
             f"{file}: expected sha256 {rec.sha256}, found {digest}; "

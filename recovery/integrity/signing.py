@@ -1,7 +1,7 @@
 """ECDSA keys, DSSE signature bundles in the OpenSSF model-signing v1.0 format, trust.
 
 A signature is a Sigstore bundle (``model.sig``) holding a DSSE envelope whose
-payload is the in-toto statement built by :mod:`recovery.manifest`. The
+payload is the in-toto statement built by :mod:`recovery.format.manifest`. The
 signature is ECDSA (P-256 with SHA-256; P-384/P-521 accepted) in DER over the
 DSSE pre-authentication encoding, made with RFC 6979 deterministic nonces so
 that signing the same statement twice gives the same bytes. The bundle names

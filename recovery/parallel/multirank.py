@@ -1,7 +1,7 @@
 """The checkpoint protocol across the ranks of a ``torchrun`` job: one consistent snapshot.
 
 Save, at a step boundary every rank has reached (all ranks decide to save
-together, see :meth:`~recovery.checkpointer.Checkpointer.maybe_save`):
+together, see :meth:`~recovery.run.checkpointer.Checkpointer.maybe_save`):
 
 1. rank 0 creates the temp directory and sends its name to the others;
 2. every rank writes its own state (``ranks/rank-NNNNN.*``, fsynced);
@@ -13,7 +13,7 @@ together, see :meth:`~recovery.checkpointer.Checkpointer.maybe_save`):
    writes the replicated state (``state.json``, the other components,
    ``config.yaml``), hashes what no rank reported (DCP's ``.metadata``), signs
    the manifest of every file last and renames the directory into place,
-   exactly as :func:`recovery.commit.commit` does for one process;
+   exactly as :func:`recovery.integrity.commit.commit` does for one process;
 6. rank 0 tells the others whether the commit happened.
 
 A rank that dies at any point (SIGKILL, OOM) breaks the next collective on
@@ -232,8 +232,9 @@ def load_state(
         sharded.load(
             state.components[MODEL],
             state.components[OPTIMIZER],
-            path / DCP_DIR,
+            files,
             spread.get(OPTIMIZER, {}),
+            where=path,
         )
     state.load_state_dict(tree, source=str(path), only=plain)
     step = decoded.step

@@ -6,10 +6,11 @@
   loading at another world size reshards them. Only tensors go in: the
   optimizer's param groups (learning rates, betas: plain numbers) travel in
   ``state.json``. DCP's ``.metadata`` is a pickle, which is why every
-  ``dcp/`` file is listed in the signed manifest and verified before
-  :func:`load` lets DCP read it.
+  ``dcp/`` file is listed in the signed manifest, and DCP reads only the
+  verified bytes (:class:`recovery.integrity.dcp.VerifiedReader`), never the
+  directory.
 - ``ranks/rank-NNNNN.{json,safetensors}``: state that differs per rank (its
-  RNG streams), written by that rank through :mod:`recovery.codec`.
+  RNG streams), written by that rank through :mod:`recovery.format.codec`.
 """
 
 from __future__ import annotations
@@ -22,18 +23,19 @@ from typing import Any
 import torch
 import torch.distributed as dist
 from torch.distributed.checkpoint.api import CheckpointException
-from torch.distributed.checkpoint.filesystem import FileSystemReader, FileSystemWriter
+from torch.distributed.checkpoint.filesystem import FileSystemWriter
 from torch.distributed.checkpoint.metadata import TensorStorageMetadata
 from torch.distributed.checkpoint.state_dict import get_state_dict, set_state_dict
 from torch.distributed.checkpoint.state_dict_loader import load as dcp_load
 from torch.distributed.checkpoint.state_dict_saver import save as dcp_save
 from torch.utils._pytree import tree_map_only
 
-from recovery.errors import FormatError, IncompatibleStateError
+from recovery.errors import FormatError, IncompatibleStateError, RecoveryError
 from recovery.format import codec, tensorfile
-from recovery.format.layout import DCP_DIR, DISTRIBUTED, RANK_DIR, TENSOR_SUFFIX
+from recovery.format.layout import DISTRIBUTED, RANK_DIR, TENSOR_SUFFIX
 from recovery.format.manifest import FileRecord
 from recovery.integrity import commit
+from recovery.integrity.dcp import VerifiedReader
 
 SHARDED = ("model", "optimizer")
 """Components that go through DCP in a distributed checkpoint."""
@@ -115,39 +117,78 @@ def read_rank(files: dict[str, Any], rank: int, *, where: Path) -> dict[str, Any
     return tree
 
 
-def full_model(directory: Path) -> dict[str, torch.Tensor]:
-    """The whole model state of a *verified* checkpoint's ``dcp/``, as plain tensors.
+def full_model(files: dict[str, Any], *, where: Path) -> dict[str, torch.Tensor]:
+    """The whole model state in a verified checkpoint's ``dcp/`` bytes, as plain tensors.
 
     Reads in this process (no process group needed), at the shapes DCP
     recorded: what an export or a warm start needs from a distributed
     checkpoint, without building the sharded model.
+
+    Args:
+        files: the checkpoint's verified files; where: its directory (for messages).
     """
-    reader = FileSystemReader(directory)
     prefix = "model."
-    target = {
-        fqn: torch.empty(meta.size, dtype=meta.properties.dtype)
-        for fqn, meta in reader.read_metadata().state_dict_metadata.items()
-        if fqn.startswith(prefix) and isinstance(meta, TensorStorageMetadata)
-    }
-    _quiet(dcp_load, target, storage_reader=FileSystemReader(directory), no_dist=_alone())
+    try:
+        saved = VerifiedReader(files, where=where).read_metadata().state_dict_metadata
+        target = {
+            fqn: torch.empty(meta.size, dtype=meta.properties.dtype)
+            for fqn, meta in saved.items()
+            if fqn.startswith(prefix) and isinstance(meta, TensorStorageMetadata)
+        }
+        _read(target, files, where=where)
+    except RecoveryError:
+        raise
+    except (Exception, CheckpointException) as err:
+        raise FormatError(
+            f"{where}: its verified dcp/ files do not decode as a DCP checkpoint "
+            f"({failure(err)}); resume from another checkpoint.",
+            path=where,
+        ) from err
     return {fqn[len(prefix) :]: t for fqn, t in target.items()}
 
 
-def tree_with_model(tree: dict[str, Any], path: Path, meta: dict[str, Any]) -> dict[str, Any]:
-    """``tree``, with the model's full weights read from ``dcp/`` if that is where they are."""
+def tree_with_model(
+    tree: dict[str, Any], files: dict[str, Any], meta: dict[str, Any], *, where: Path
+) -> dict[str, Any]:
+    """``tree``, with the model's full weights from the verified ``dcp/`` bytes if that is
+    where they are."""
     if "model" in tree or DISTRIBUTED not in meta:
         return tree
-    return {**tree, "model": full_model(path / DCP_DIR)}
+    return {**tree, "model": full_model(files, where=where)}
 
 
-def failure(err: BaseException) -> str:
-    """The first rank's own error inside DCP's wrapper (a ``BaseException``), in one line."""
+def _first(err: BaseException) -> tuple[int | None, BaseException]:
+    """The first rank's own error inside DCP's wrapper (a ``BaseException``)."""
     failures = getattr(err, "failures", None)
     if isinstance(failures, dict) and failures:
         rank, wrapped = sorted(failures.items())[0]
-        inner = wrapped[0] if isinstance(wrapped, tuple) else wrapped
-        return f"rank {rank}: {type(inner).__name__}: {inner}"
-    return f"{type(err).__name__}: {err}"
+        return rank, wrapped[0] if isinstance(wrapped, tuple) else wrapped
+    return None, err
+
+
+def failure(err: BaseException) -> str:
+    """The first rank's own error inside DCP's wrapper, in one line."""
+    rank, inner = _first(err)
+    where = f"rank {rank}: " if rank is not None else ""
+    return f"{where}{type(inner).__name__}: {inner}"
+
+
+def _read(target: dict[str, Any], files: dict[str, Any], *, where: Path) -> None:
+    """DCP's load of ``target`` from the verified bytes; a refusal of ours comes out as itself.
+
+    Raises:
+        RecoveryError: the verified reader refused (a file DCP asked for was not verified).
+        CheckpointException, Exception: DCP's own failure (the caller says what it means).
+    """
+    try:
+        _quiet(
+            dcp_load, target, storage_reader=VerifiedReader(files, where=where), no_dist=_alone()
+        )
+    except (Exception, CheckpointException) as err:
+        inner = _first(err)[1]
+        if isinstance(inner, RecoveryError):
+            raise inner from err
+        raise
 
 
 def save(
@@ -171,10 +212,12 @@ def save(
 def load(
     model: torch.nn.Module,
     optimizer: torch.optim.Optimizer,
-    directory: Path,
+    files: dict[str, Any],
     saved: dict[str, Any],
+    *,
+    where: Path,
 ) -> None:
-    """Load model and optimizer from a *verified* checkpoint's ``dcp/`` (collective).
+    """Load model and optimizer from a verified checkpoint's ``dcp/`` bytes (collective).
 
     The tensors are read into copies of the live state and applied only when
     every one has been read, so a refused load changes nothing.
@@ -187,23 +230,25 @@ def load(
     if not isinstance(groups, list) or len(groups) != len(osd["param_groups"]):
         found = len(groups) if isinstance(groups, list) else "no"
         raise IncompatibleStateError(
-            f"{directory}: {found} optimizer param groups saved, "
+            f"{where}: {found} optimizer param groups saved, "
             f"{len(osd['param_groups'])} now; resume with the optimizer that wrote it",
             mismatches=["optimizer param groups"],
-            path=directory,
+            path=where,
         )
     target = tree_map_only(
         torch.Tensor, lambda t: t.detach().clone(), {"model": msd, "optimizer": osd["state"]}
     )
     try:
-        _quiet(dcp_load, target, storage_reader=FileSystemReader(directory), no_dist=_alone())
+        _read(target, files, where=where)
+    except RecoveryError:
+        raise
     except (Exception, CheckpointException) as err:
         reason = failure(err)
         raise IncompatibleStateError(
-            f"{directory}: the sharded model/optimizer state does not fit this run: {reason}. "
+            f"{where}: the sharded model/optimizer state does not fit this run: {reason}. "
             "Resume with the model and optimizer that wrote it.",
             mismatches=[reason],
-            path=directory,
+            path=where,
         ) from err
     set_state_dict(
         model,

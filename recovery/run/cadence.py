@@ -7,7 +7,7 @@ the measurements so far, and never shorter than the time a save takes to
 persist (a save cannot be due before the previous one is durable). Until the
 first save has been measured, ``every_steps`` applies.
 
-The arithmetic lives in :mod:`recovery.policy`; this class only keeps the
+The arithmetic lives in :mod:`recovery.run.policy`; this class only keeps the
 measurements and the clock.
 """
 

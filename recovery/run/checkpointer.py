@@ -62,11 +62,11 @@ class Checkpointer:
         signer: signs every artifact.
         trust: keys whose artifacts may be loaded.
         allow_untrusted: also load artifacts by other signers (signature still checked).
-        provenance: :func:`recovery.provenance.capture` of this process (captured
+        provenance: :func:`recovery.provenance.capture.capture` of this process (captured
             here if not given).
         config: the resolved config with secrets redacted (``config.yaml``, drift).
         model_config: what rebuilds the model (stored for warm starts).
-        purposes: contracts by purpose name; default :data:`recovery.purpose.BUILTIN`.
+        purposes: contracts by purpose name; default :data:`recovery.provenance.purpose.BUILTIN`.
         journal: the run's ``metrics.jsonl``; start, resume and checkpoint-cost events go there.
         preemption: the run's signal guard; a request turns into a checkpoint and
             :class:`~recovery.errors.Preempted` at the next step boundary.

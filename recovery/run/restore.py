@@ -1,7 +1,7 @@
 """The three ways a run begins: fresh, resumed, or warm-started from an artifact.
 
 Each returns the run's :class:`Identity` (run id, lineage and links) after
-loading what it must into the :class:`~recovery.state.TrainState`; the
+loading what it must into the :class:`~recovery.state.registry.TrainState`; the
 checkpointer adopts it and journals the event. Everything that can refuse
 (purpose, drift in strict mode, state mismatch) is checked before the state is
 touched.
@@ -80,7 +80,7 @@ def resume_from(
     """Continue the run of ``loaded``: check drift, load every piece of state.
 
     A distributed checkpoint, or any resume inside a ``torchrun`` job, loads
-    through :func:`recovery.multirank.load_state` (resharding to ``world``;
+    through :func:`recovery.parallel.multirank.load_state` (resharding to ``world``;
     RNG streams reseeded from ``seed`` when the world size changed).
 
     Raises:
@@ -160,7 +160,9 @@ def warm_start_from(
         purpose.INIT, loaded.manifest.purpose, where=str(path), present=loaded.components
     )
     sharded.refuse_plain_into_sharded(state.components.get(MODEL), path)
-    tree = sharded.tree_with_model(loaded.decoded.tree, path, loaded.decoded.meta)
+    tree = sharded.tree_with_model(
+        loaded.decoded.tree, loaded.files, loaded.decoded.meta, where=path
+    )
     if MODEL not in tree:
         raise PurposeError(f"{path}: holds no model weights to start from", missing=[MODEL])
     state.load_state_dict(tree, source=str(path), only=[MODEL])

@@ -1,7 +1,7 @@
 """What a run keeps: its newest checkpoints and milestones, and an independent copy of its best.
 
 Both run after a new checkpoint is committed, on the committing process only
-(rank 0 of a ``torchrun`` job). The decisions are :mod:`recovery.policy`'s
+(rank 0 of a ``torchrun`` job). The decisions are :mod:`recovery.run.policy`'s
 pure functions; this module applies them to the directory.
 """
 

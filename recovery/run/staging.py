@@ -6,7 +6,7 @@ must not leak into it. :class:`Staging` copies every tensor of the state tree
 into a buffer allocated on the first save and reused by every later one (pages
 freed and re-touched cost seconds per GiB on these machines; a copy into warm
 buffers costs a fraction of that), and keeps the non-tensor skeleton, which
-:func:`recovery.codec.split` already builds from fresh immutable values.
+:func:`recovery.format.codec.split` already builds from fresh immutable values.
 
 Buffers are pinned when CUDA is available, so device-to-host copies can be
 asynchronous; on CPU-only builds pinning is not possible and not needed.

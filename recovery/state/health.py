@@ -243,7 +243,7 @@ class UpdateProbe:
 class HealthMonitor:
     """Records each step's loss and update size; judges the first steps after a resume.
 
-    Register it in the :class:`~recovery.state.TrainState` (as ``health``) so
+    Register it in the :class:`~recovery.state.registry.TrainState` (as ``health``) so
     its history travels in every checkpoint; loading it arms the judgement.
     """
 

@@ -3,7 +3,7 @@
 Streams: Python's ``random``, numpy's legacy global generator, torch's CPU
 generator and, when CUDA is initialised, every CUDA device's generator. The
 captured tree holds only tensors, ints, floats and numpy arrays, so it goes
-through :mod:`recovery.codec` without pickle.
+through :mod:`recovery.format.codec` without pickle.
 
 Rejected: capturing only torch's generator. Dropout draws from torch, but user
 code, augmentation and samplers often draw from ``random`` or numpy, and one

@@ -64,7 +64,8 @@ def model_and_optimizer(step_dir, trust):
     loaded = resume.load(step_dir, trust)
     model = DotProduct(USERS, ITEMS, DIM, 0.1)
     opt = torch.optim.Adam(model.parameters())
-    sharded.load(model, opt, step_dir / "dcp", loaded.decoded.meta[DISTRIBUTED]["optimizer"])
+    groups = loaded.decoded.meta[DISTRIBUTED]["optimizer"]
+    sharded.load(model, opt, loaded.files, groups, where=step_dir)
     return loaded, model.state_dict(), opt.state_dict()
 
 

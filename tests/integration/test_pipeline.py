@@ -126,7 +126,7 @@ def test_dvc_repro_exports_then_does_nothing_then_reexports_after_training(proje
     serve = (
         "import sys, json; sys.modules['recipes'] = None\n"
         "from recovery import load_inference\n"
-        "from recovery.signing import TrustStore\n"
+        "from recovery.integrity.signing import TrustStore\n"
         "t = TrustStore.from_paths([__import__('pathlib').Path(sys.argv[2])])\n"
         "p = load_inference(sys.argv[1], t)\n"
         "u, i = json.loads(sys.argv[3])\n"

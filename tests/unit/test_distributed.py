@@ -150,8 +150,9 @@ def test_commit_adopts_files_other_processes_wrote_and_verification_covers_them(
     assert not tmp.exists()
     assert {r.name for r in mf.files} == {"dcp/.metadata", "dcp/__0_0.distcp", "state.json"}
     verified = reader.read_verified(final, trust)
-    # DCP files are verified, then left for DCP to read: never kept as our bytes
-    assert set(verified.files) == {"state.json"}
+    # DCP files are kept as the verified bytes: DCP reads those, never the disk
+    assert verified.files["dcp/__0_0.distcp"] == (final / "dcp" / "__0_0.distcp").read_bytes()
+    assert set(verified.files) == {r.name for r in mf.files}
     (final / "dcp" / "__0_0.distcp").write_bytes(b"shard Zero")
     with pytest.raises(DigestMismatchError, match="__0_0.distcp"):
         reader.read_verified(final, trust)
@@ -185,8 +186,9 @@ def test_dcp_save_and_load_in_one_process_and_a_refused_load_changes_nothing(tmp
     assert (tmp_path / "dcp" / ".metadata").exists()
     assert [g["lr"] for g in saved["param_groups"]] == [0.1]
 
+    files = {f"dcp/{f.name}": f.read_bytes() for f in (tmp_path / "dcp").iterdir()}
     other, other_opt = _trained(1)
-    sharded.load(other, other_opt, tmp_path / "dcp", saved)
+    sharded.load(other, other_opt, files, saved, where=tmp_path)
     for key, value in net.state_dict().items():
         assert torch.equal(other.state_dict()[key], value)
     moments = [s["exp_avg"] for s in opt.state_dict()["state"].values()]
@@ -196,11 +198,11 @@ def test_dcp_save_and_load_in_one_process_and_a_refused_load_changes_nothing(tmp
     wide, wide_opt = _trained(2, width=6)
     before = {k: v.clone() for k, v in wide.state_dict().items()}
     with pytest.raises(IncompatibleStateError, match=r"Size mismatch .*\[4, 3\].*\[6, 3\]"):
-        sharded.load(wide, wide_opt, tmp_path / "dcp", saved)
+        sharded.load(wide, wide_opt, files, saved, where=tmp_path)
     for key, value in wide.state_dict().items():
         assert torch.equal(value, before[key]), f"{key} was half-loaded"
     with pytest.raises(IncompatibleStateError, match="param groups"):
-        sharded.load(other, other_opt, tmp_path / "dcp", {"param_groups": []})
+        sharded.load(other, other_opt, files, {"param_groups": []}, where=tmp_path)
 
 
 @pytest.mark.parametrize(
