@@ -20,10 +20,12 @@ and what to do. Only ``recovery.cli`` maps these classes to exit codes.
     │   ├── TruncatedFileError                  size differs from the manifest
     │   ├── DigestMismatchError                 sha256 differs from the manifest
     │   ├── SignatureError                      bundle malformed or signature invalid
-    │   └── UntrustedSignerError                valid bundle, signer not in the trust store
+    │   ├── UntrustedSignerError                valid bundle, signer not in the trust store
+    │   └── ForeignCheckpointError              another run's checkpoint in this run's directory
     ├── FormatError(ValueError)                 verified bytes that do not decode
     ├── PurposeError(ValueError)                artifact's purpose cannot serve the requested use
     ├── DriftError(ValueError)                  strict resume refused: code/deps/data/config changed
+    │   └── RollbackError                       strict resume refused: the newest commit is gone
     ├── SigningKeyError(ValueError)             a signing key cannot be read or is unsupported
     ├── Preempted                               a preemption signal: checkpointed, requeue me
     ├── TrackingError(OSError)                  DVC could not register, push or fetch
@@ -109,6 +111,21 @@ class UntrustedSignerError(VerificationError):
         self.key_id = key_id
 
 
+class ForeignCheckpointError(VerificationError):
+    """A verified checkpoint in a run's directory that another run (run id) wrote.
+
+    Attributes:
+        run_id: the run that wrote it; expected: this run's id.
+    """
+
+    def __init__(
+        self, message: str, *, run_id: str, expected: str, path: str | Path | None = None
+    ) -> None:
+        super().__init__(message, path=path)
+        self.run_id = run_id
+        self.expected = expected
+
+
 class PurposeError(RecoveryError, ValueError):
     """An artifact's declared purpose cannot serve the requested use, or lacks components.
 
@@ -135,6 +152,11 @@ class DriftError(RecoveryError, ValueError):
     ) -> None:
         super().__init__(message, path=path)
         self.differences = differences
+
+
+class RollbackError(DriftError):
+    """A strict resume was refused: the newest checkpoint the run committed (its journal says)
+    is gone or damaged, and only an older one is there."""
 
 
 class SigningKeyError(RecoveryError, ValueError):

@@ -12,7 +12,7 @@ from recovery.integrity import signing
 
 def cmd_keygen(args: argparse.Namespace) -> int:
     priv, pub = signing.generate_keypair(Path(args.out), overwrite=args.force)
-    kid = signing.key_id(pub.read_bytes())
+    kid = signing.pem_key_id(pub.read_bytes(), where=str(pub))
     data = {"private_key": str(priv), "public_key": str(pub), "key_id": kid}
     emit(
         args,

@@ -31,6 +31,7 @@ import numpy as np
 import torch
 
 from recovery.errors import FormatError
+from recovery.format import bounded
 
 _TAGS = ("__tensor__", "__tuple__", "__dict__", "__float__", "__ndarray__")
 
@@ -149,6 +150,6 @@ def dumps_json(obj: Any) -> bytes:
 def loads_json(data: bytes, *, name: str) -> Any:
     """Parse JSON bytes, naming ``name`` in the error if they are not JSON."""
     try:
-        return json.loads(data)
-    except (UnicodeDecodeError, json.JSONDecodeError) as err:
+        return bounded.json_loads(data)
+    except ValueError as err:
         raise FormatError(f"{name}: expected JSON, found undecodable bytes ({err})") from err

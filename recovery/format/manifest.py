@@ -21,6 +21,7 @@ from pathlib import Path, PurePosixPath
 from typing import Any
 
 from recovery.errors import ManifestError, UnsafePathError
+from recovery.format import bounded
 from recovery.format.layout import SIGNATURE_FILE
 
 STATEMENT_TYPE = "https://in-toto.io/Statement/v1"
@@ -145,8 +146,8 @@ def parse(data: bytes, *, where: Path, signer: SignatureCheck | None = None) -> 
         )
 
     try:
-        st = json.loads(data)
-    except (UnicodeDecodeError, json.JSONDecodeError) as err:
+        st = bounded.json_loads(data)
+    except ValueError as err:
         raise bad(f"expected a JSON in-toto statement, found undecodable bytes ({err})") from err
     if not isinstance(st, dict) or st.get("_type") != STATEMENT_TYPE:
         raise bad(f"expected _type {STATEMENT_TYPE!r}")

@@ -36,6 +36,7 @@ import torch
 
 from recovery import faults
 from recovery.errors import FormatError
+from recovery.format import bounded
 from recovery.format.manifest import FileRecord
 
 CHUNK = 8 << 20
@@ -139,7 +140,7 @@ def views(buffer: torch.Tensor, *, name: str) -> dict[str, torch.Tensor]:
     if n > total - 8 or n > 100 << 20:
         raise bad(f"a header length of {n} bytes in a {total}-byte file")
     try:
-        head = json.loads(bytes(buffer[8 : 8 + n].numpy()))
+        head = bounded.json_loads(bytes(buffer[8 : 8 + n].numpy()))
     except (UnicodeDecodeError, ValueError) as err:
         raise bad(f"an unreadable header ({err})") from None
     if not isinstance(head, dict):

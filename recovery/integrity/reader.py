@@ -20,7 +20,7 @@ import os
 import stat
 from collections.abc import Callable
 from dataclasses import dataclass
-from pathlib import Path
+from pathlib import Path, PurePosixPath
 
 import torch
 
@@ -30,6 +30,7 @@ from recovery.errors import (
     ExtraFileError,
     ManifestError,
     MissingFileError,
+    SignatureError,
     TruncatedFileError,
     UnsafePathError,
 )
@@ -70,10 +71,11 @@ def _read_nofollow(path: Path) -> bytes:
         os.close(fd)
 
 
-def _walk(root: Path) -> tuple[set[str], list[str]]:
-    """Regular files under ``root`` as posix relpaths, and every symlink found."""
+def _walk(root: Path) -> tuple[set[str], list[str], set[str]]:
+    """Regular files under ``root`` as posix relpaths, every symlink found, every directory."""
     files: set[str] = set()
     links: list[str] = []
+    dirs: set[str] = set()
     stack = [root]
     while stack:
         current = stack.pop()
@@ -82,10 +84,11 @@ def _walk(root: Path) -> tuple[set[str], list[str]]:
             if entry.is_symlink():
                 links.append(rel)
             elif entry.is_dir(follow_symlinks=False):
+                dirs.add(rel)
                 stack.append(Path(entry.path))
             else:
                 files.add(rel)
-    return files, links
+    return files, links, dirs
 
 
 def read_manifest(path: Path, trust: TrustStore, *, allow_untrusted: bool = False) -> Manifest:
@@ -121,6 +124,13 @@ def read_manifest(path: Path, trust: TrustStore, *, allow_untrusted: bool = Fals
         raise UnsafePathError(
             f"{file}: expected a regular file, found a symlink or special file", path=file
         )
+    if st.st_size > signing.MAX_BUNDLE_BYTES:  # refused unread: no input sizes our memory
+        raise SignatureError(
+            f"{file}: {st.st_size} bytes, expected a signature bundle of at most "
+            f"{signing.MAX_BUNDLE_BYTES}; the directory cannot be trusted. Resume from another "
+            "checkpoint.",
+            path=file,
+        )
     check = signing.verify_bundle(
         _read_nofollow(file), trust, where=file, allow_untrusted=allow_untrusted
     )
@@ -153,7 +163,7 @@ def read_verified(
     """
     path = Path(path)
     mf = read_manifest(path, trust, allow_untrusted=allow_untrusted)
-    present, links = _walk(path)
+    present, links, dirs = _walk(path)
     if links:
         raise UnsafePathError(
             f"{path}: contains symlink(s) {sorted(links)}; a checkpoint holds regular files only. "
@@ -168,7 +178,9 @@ def read_verified(
             "Resume from another checkpoint (or fetch it again from its remote).",
             path=path / missing[0],
         )
-    extra = sorted(present - listed - {SIGNATURE_FILE})
+    # a directory no listed file lives in is as unlisted as a file (an empty one included)
+    holding = {parent.as_posix() for name in listed for parent in PurePosixPath(name).parents}
+    extra = sorted((present - listed - {SIGNATURE_FILE}) | {f"{d}/" for d in dirs - holding})
     if extra:
         raise ExtraFileError(
             f"{path}: holds {extra}, which the manifest does not list; something was added "

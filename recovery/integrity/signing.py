@@ -38,12 +38,16 @@ from cryptography.hazmat.primitives import hashes, serialization
 from cryptography.hazmat.primitives.asymmetric import ec
 
 from recovery.errors import SignatureError, SigningKeyError, UntrustedSignerError
+from recovery.format import bounded
 from recovery.format.manifest import SignatureCheck
 
 log = logging.getLogger(__name__)
 
 BUNDLE_MEDIA_TYPE = "application/vnd.dev.sigstore.bundle.v0.3+json"
 PAYLOAD_TYPE = "application/vnd.in-toto+json"
+MAX_BUNDLE_BYTES = 64 << 20
+"""A ``model.sig`` larger than this is refused unread (ours are kilobytes; a DCP checkpoint's
+list of files, a few hundred kilobytes)."""
 PRIVATE_KEY_FILE = "recovery.key"
 PUBLIC_KEY_FILE = "recovery.pub"
 _CURVES: dict[str, type[hashes.SHA256 | hashes.SHA384 | hashes.SHA512]] = {
@@ -65,9 +69,30 @@ def public_pem(key: ec.EllipticCurvePublicKey) -> bytes:
     )
 
 
-def key_id(pem: bytes) -> str:
-    """Key id: hex sha256 of the PEM public key (the bundle's ``publicKey.hint``)."""
-    return hashlib.sha256(pem).hexdigest()
+def key_id(key: ec.EllipticCurvePublicKey) -> str:
+    """Key id: hex sha256 of the key's SubjectPublicKeyInfo DER (the bundle's ``publicKey.hint``).
+
+    Derived from the key, not from a file's bytes, so a trusted ``.pub`` copied
+    with a comment line, CRLF line endings or a trailing blank line is the same key.
+    """
+    der = key.public_bytes(
+        serialization.Encoding.DER, serialization.PublicFormat.SubjectPublicKeyInfo
+    )
+    return hashlib.sha256(der).hexdigest()
+
+
+def legacy_key_id(key: ec.EllipticCurvePublicKey) -> str:
+    """The id bundles signed before 0.2 carry: sha256 of the key's canonical PEM."""
+    return hashlib.sha256(public_pem(key)).hexdigest()
+
+
+def pem_key_id(pem: bytes, *, where: str) -> str:
+    """:func:`key_id` of a PEM public key.
+
+    Raises:
+        SigningKeyError: not a supported ECDSA public key.
+    """
+    return key_id(load_public_key(pem, where=where))
 
 
 def _algorithm(key: ec.EllipticCurvePublicKey, *, where: str) -> ec.ECDSA:
@@ -154,7 +179,7 @@ class Signer:
         self.path = key_path
         self.dev = dev
         self.public_pem = public_pem(key.public_key())
-        self.key_id = key_id(self.public_pem)
+        self.key_id = key_id(key.public_key())
 
     def describe(self) -> dict[str, Any]:
         """The signer as recorded inside the signed statement."""
@@ -189,18 +214,25 @@ class TrustStore:
     """The public keys whose signatures are trusted."""
 
     def __init__(self, keys: Iterable[TrustedKey] = ()) -> None:
-        self._keys = {k.key_id: k for k in keys}
+        self._keys: dict[str, TrustedKey] = {}
+        for k in keys:
+            self._add(k)
+
+    def _add(self, key: TrustedKey) -> TrustedKey:
+        kept = self._keys.setdefault(key.key_id, key)
+        # bundles signed before key ids were derived from the key name it by its PEM's hash
+        self._keys.setdefault(legacy_key_id(key.key), kept)
+        return kept
 
     def add_pem(self, pem: bytes, *, source: str, dev: bool = False) -> TrustedKey:
-        key = TrustedKey(key_id(pem), load_public_key(pem, where=source), source, dev)
-        self._keys.setdefault(key.key_id, key)
-        return self._keys[key.key_id]
+        public = load_public_key(pem, where=source)
+        return self._add(TrustedKey(key_id(public), public, source, dev))
 
     def get(self, kid: str) -> TrustedKey | None:
         return self._keys.get(kid)
 
     def __len__(self) -> int:
-        return len(self._keys)
+        return len({k.key_id for k in self._keys.values()})
 
     @classmethod
     def from_paths(cls, paths: Iterable[Path], *, dev_keys: Iterable[Path] = ()) -> TrustStore:
@@ -239,7 +271,7 @@ def verify_bundle(
         )
 
     try:
-        bundle = json.loads(data)
+        bundle = bounded.json_loads(data, limit=MAX_BUNDLE_BYTES)
         if bundle["mediaType"] != BUNDLE_MEDIA_TYPE:
             raise bad(f"expected mediaType {BUNDLE_MEDIA_TYPE!r}, found {bundle['mediaType']!r}")
         kid = str(bundle["verificationMaterial"]["publicKey"]["hint"])
@@ -252,14 +284,7 @@ def verify_bundle(
         sig = base64.b64decode(env["signatures"][0]["sig"], validate=True)
     except SignatureError:
         raise
-    except (
-        UnicodeDecodeError,
-        json.JSONDecodeError,
-        KeyError,
-        TypeError,
-        IndexError,
-        binascii.Error,
-    ) as err:
+    except (ValueError, KeyError, TypeError, IndexError, binascii.Error) as err:
         raise bad(
             f"expected a model-signing bundle, found malformed data ({type(err).__name__}: {err})"
         ) from err
@@ -277,14 +302,13 @@ def verify_bundle(
                 key_id=kid,
                 path=where,
             )
-        if embedded is None or key_id(embedded) != kid:
+        try:
+            public = load_public_key(embedded, where=str(where)) if embedded else None
+        except SigningKeyError as err:
+            raise bad(f"the statement's signer key is unreadable ({err})") from None
+        if public is None or kid not in (key_id(public), legacy_key_id(public)):
             raise bad("signer is untrusted and the statement does not carry its public key")
-        verifier, trusted, dev, source = (
-            load_public_key(embedded, where=str(where)),
-            False,
-            False,
-            "embedded",
-        )
+        verifier, trusted, dev, source = public, False, False, "embedded"
     try:
         verifier.verify(sig, pae(payload), _algorithm(verifier, where=str(where)))
     except crypto_exc.InvalidSignature:
@@ -297,7 +321,7 @@ def verify_bundle(
 
 def _embedded_signer(payload: bytes) -> bytes | None:
     try:
-        pem = json.loads(payload)["predicate"]["recovery"]["signer"]["public_key"]
+        pem = bounded.json_loads(payload)["predicate"]["recovery"]["signer"]["public_key"]
     except (ValueError, KeyError, TypeError):
         return None
     return pem.encode() if isinstance(pem, str) else None

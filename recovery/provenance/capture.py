@@ -29,7 +29,7 @@ from collections.abc import Mapping
 from pathlib import Path
 from typing import Any
 
-import yaml
+from recovery.format import bounded
 
 log = logging.getLogger(__name__)
 
@@ -51,12 +51,49 @@ def is_secret_key(key: str) -> bool:
     return bool(_SECRET.search(key.rsplit(".", 1)[-1]))
 
 
-def redact(config: Any, prefix: str = "") -> tuple[Any, list[str]]:
-    """A copy of ``config`` with every value under a secret-looking key replaced.
+MIN_SECRET_LEN = 4
+"""Secret values at least this long are also masked wherever else they appear (a URL, an
+override); shorter ones only under their own key, lest every such substring be masked."""
+
+
+def secret_values(config: Any) -> set[str]:
+    """The string values under secret-looking keys, anywhere in ``config``."""
+    found: set[str] = set()
+    stack: list[Any] = [config]
+    while stack:
+        node = stack.pop()
+        if isinstance(node, Mapping):
+            for k, v in node.items():
+                if is_secret_key(str(k)) and isinstance(v, str) and len(v) >= MIN_SECRET_LEN:
+                    found.add(v)
+                else:
+                    stack.append(v)
+        elif isinstance(node, list):
+            stack.extend(node)
+    return found
+
+
+def mask(text: str, secrets: set[str]) -> str:
+    """``text`` with every occurrence of each secret value replaced, longest first."""
+    for value in sorted(secrets, key=len, reverse=True):
+        text = text.replace(value, REDACTED)
+    return text
+
+
+def redact(
+    config: Any, prefix: str = "", *, secrets: set[str] | None = None
+) -> tuple[Any, list[str]]:
+    """A copy of ``config`` with every secret removed.
+
+    A value under a secret-looking key is replaced whole; a secret's value
+    that reached any other string (``postgresql://app:${db.password}@host``
+    resolved) is masked there, so the secret is in neither ``config.yaml``
+    nor the signed statement.
 
     Returns:
-        ``(redacted, dotted keys that were redacted)``.
+        ``(redacted, dotted keys whose values were redacted or masked)``.
     """
+    secrets = secret_values(config) if secrets is None else secrets
     keys: list[str] = []
     if isinstance(config, Mapping):
         out = {}
@@ -66,21 +103,27 @@ def redact(config: Any, prefix: str = "") -> tuple[Any, list[str]]:
                 out[k] = REDACTED
                 keys.append(dotted)
             else:
-                out[k], sub = redact(v, dotted)
+                out[k], sub = redact(v, dotted, secrets=secrets)
                 keys += sub
         return out, keys
     if isinstance(config, list):
-        items = [redact(v, f"{prefix}[{i}]") for i, v in enumerate(config)]
+        items = [redact(v, f"{prefix}[{i}]", secrets=secrets) for i, v in enumerate(config)]
         return [v for v, _ in items], [k for _, ks in items for k in ks]
+    if isinstance(config, str) and (masked := mask(config, secrets)) != config:
+        return masked, [prefix]
     return config, keys
 
 
-def redact_overrides(overrides: list[str]) -> list[str]:
-    """Command-line overrides with the values of secret-looking keys replaced."""
+def redact_overrides(overrides: list[str], secrets: set[str] | None = None) -> list[str]:
+    """Command-line overrides with the values of secret-looking keys replaced, and any
+    secret value (``secrets``) masked in the others."""
     out = []
     for item in overrides:
         key, sep, _ = item.partition("=")
-        out.append(f"{key}{sep}{REDACTED}" if sep and is_secret_key(key.lstrip("+~")) else item)
+        if sep and is_secret_key(key.lstrip("+~")):
+            out.append(f"{key}{sep}{REDACTED}")
+        else:
+            out.append(mask(item, secrets or set()))
     return out
 
 
@@ -171,17 +214,28 @@ def _dvc_out(data: Path, root: Path) -> dict[str, Any] | None:
     except ValueError:
         rel = None
     if sidecar.is_file():
-        doc = yaml.safe_load(sidecar.read_text()) or {}
-        for out in doc.get("outs", []):
+        doc = _dvc_yaml(sidecar)
+        for out in doc.get("outs") or []:
             return {"source": f"dvc:{sidecar.name}", "target": str(sidecar), **out}
     lock = root / "dvc.lock"
     if rel is not None and lock.is_file():
-        doc = yaml.safe_load(lock.read_text()) or {}
+        doc = _dvc_yaml(lock)
         for stage, body in (doc.get("stages") or {}).items():
             for out in body.get("outs", []):
                 if out.get("path") == rel:
                     return {"source": f"dvc.lock:{stage}", "target": stage, **out}
     return None
+
+
+def _dvc_yaml(path: Path) -> dict[str, Any]:
+    """A DVC file's mapping; an unreadable one is reported and read as empty (provenance
+    must not fail a run: the dataset is then recorded by its fingerprint alone)."""
+    try:
+        doc = bounded.yaml_load(path.read_text())
+    except (OSError, ValueError) as err:
+        log.warning("%s: cannot read it as a DVC file (%s); dataset version unknown", path, err)
+        return {}
+    return doc if isinstance(doc, dict) else {}
 
 
 def fingerprint(data: Path) -> dict[str, Any]:
@@ -252,14 +306,15 @@ def capture(
     from recovery.version import __version__
 
     root = project_root or Path.cwd()
-    redacted, keys = redact(dict(config))
+    secrets = secret_values(dict(config))
+    redacted, keys = redact(dict(config), secrets=secrets)
     return {
         "code": code_revision(root, ignore=outputs),
         "dependencies": dependency_lock(root),
         "dataset": dataset_version(data, root),
         "config": {
             "sha256": canonical_digest(redacted),
-            "overrides": redact_overrides(list(overrides or [])),
+            "overrides": redact_overrides(list(overrides or []), secrets),
             "redacted_keys": keys,
         },
         "tool": {"name": "recovery", "version": __version__},

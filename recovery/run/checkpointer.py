@@ -26,7 +26,7 @@ import yaml
 
 from recovery.config import CheckpointConfig, parse_duration
 from recovery.errors import Preempted, PurposeError
-from recovery.format.layout import step_dir_name
+from recovery.format.layout import METRICS_FILE, step_dir_name
 from recovery.format.manifest import Manifest
 from recovery.integrity import commit
 from recovery.integrity.signing import Signer, TrustStore
@@ -162,8 +162,10 @@ class Checkpointer:
             RunDirInUseError: a fresh or warm-started run into a directory holding checkpoints.
             CheckpointNotFoundError, VerificationError, FormatError: a named artifact
                 is absent, damaged or untrusted.
+            ForeignCheckpointError: ``latest`` found only another run's checkpoints.
             PurposeError: the artifact cannot serve the use.
-            DriftError: ``checkpoint.strict_resume`` and something changed.
+            DriftError: ``checkpoint.strict_resume`` and something changed (RollbackError:
+                the newest checkpoint the run committed is gone).
             IncompatibleStateError: it does not fit ``state``; nothing was changed.
         """
         if self.world.leader:
@@ -171,32 +173,25 @@ class Checkpointer:
             commit.remove_stale(self.run_dir)
         distributed.barrier()
         if resume_spec is not None:
-            loaded = resume.select(
-                self.run_dir, resume_spec, self.trust, allow_untrusted=self.allow_untrusted
+            loaded, replaced = begin.choose(
+                self.run_dir,
+                resume_spec,
+                self.trust,
+                allow_untrusted=self.allow_untrusted,
+                journal=self._journal_path(),
+                strict=self.cfg.strict_resume,
             )
-            step = loaded.decoded.step if loaded is not None else -1
-            multirank.agree_on_resume(step, loaded.path if loaded else None, self.run_dir)
             if loaded is not None:
-                return self._resume(state, loaded)
+                return self._resume(state, loaded, replaced)
         else:
             begin.refuse_reuse(self.run_dir)
-        if init_from is not None:
-            ident = begin.warm_start_from(
-                state,
-                Path(str(init_from)),
-                run_id=self.run_id,
-                trust=self.trust,
-                allow_untrusted=self.allow_untrusted,
-                root=self.root,
-            )
-            self.identity = ident
-            self._event({"event": "warm_start", "run_id": self.run_id, "from": str(init_from)})
-            return 0
-        self.identity = begin.fresh(self.run_id)
-        self._event({"event": "start", "run_id": self.run_id})
+        self.identity, event = begin.new_run(
+            state, init_from, self.run_id, self.trust, self.allow_untrusted, root=self.root
+        )
+        self._event(event)
         return 0
 
-    def _resume(self, state: TrainState, loaded: resume.Loaded) -> int:
+    def _resume(self, state: TrainState, loaded: resume.Loaded, replaced: str | None) -> int:
         ident = begin.resume_from(
             state,
             loaded,
@@ -210,7 +205,7 @@ class Checkpointer:
         )
         self.identity = ident
         self.last_saved = ident.step
-        self._event(begin.resume_event(loaded, ident, self.world.size))
+        self._event(begin.resume_event(loaded, ident, self.world.size, replaced=replaced))
         return ident.step
 
     @property
@@ -340,7 +335,7 @@ class Checkpointer:
         """After a commit (on whichever thread wrote it): link, keep best, retain, record, push."""
         if job.chained:
             self.identity.previous = lineage.link(mf, job.final, self.root)
-            retention.after_commit(
+            retired = retention.after_commit(
                 self.cfg,
                 self.run_dir,
                 job.final,
@@ -350,6 +345,8 @@ class Checkpointer:
                 retire=self.publisher.retire if self.publisher is not None else None,
             )
             self.cadence.measured(cost_s=cost.pause_s, persist_s=cost.write_s)
+            if retired:  # so a later resume knows these are gone on purpose (run.history)
+                self._event({"event": "retired", "steps": retired})
             self._event(cost.event(job.step, sum(r.size for r in mf.files)))
         if self.publisher is not None:
             self.publisher.submit(job.final)
@@ -379,6 +376,10 @@ class Checkpointer:
             CommitError: it failed.
         """
         self.pause_s += self._saver.wait()
+
+    def _journal_path(self) -> Path:
+        # ranks > 0 journal nothing but read the same file: every rank takes one decision
+        return (self.journal.path if self.journal else None) or self.run_dir / METRICS_FILE
 
     def _event(self, record: dict[str, Any]) -> None:
         if self.journal is not None:

@@ -20,6 +20,8 @@ import threading
 from pathlib import Path
 from typing import IO, Any
 
+from recovery.format import bounded
+
 log = logging.getLogger(__name__)
 
 
@@ -66,9 +68,9 @@ def read(path: Path) -> list[dict[str, Any]]:
         if not line.strip():
             continue
         try:
-            records.append(json.loads(line))
-        except json.JSONDecodeError:
-            log.warning("%s:%d: skipping a torn record", path, n)
+            records.append(bounded.json_loads(line))
+        except ValueError as err:
+            log.warning("%s:%d: skipping a torn or malformed record (%s)", path, n, err)
     return records
 
 

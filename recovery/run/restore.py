@@ -14,9 +14,8 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-import yaml
-
-from recovery.errors import DriftError, PurposeError, RunDirInUseError
+from recovery.errors import DriftError, FormatError, PurposeError, RunDirInUseError
+from recovery.format import bounded
 from recovery.format.layout import CONFIG_FILE, DISTRIBUTED, scan
 from recovery.integrity.signing import TrustStore
 from recovery.parallel import multirank, sharded
@@ -24,7 +23,7 @@ from recovery.parallel import world as distributed
 from recovery.parallel.world import World
 from recovery.provenance import capture as prov
 from recovery.provenance import lineage, purpose
-from recovery.run import resume
+from recovery.run import history, resume
 from recovery.state.registry import MODEL, TrainState
 
 log = logging.getLogger(__name__)
@@ -60,6 +59,33 @@ def refuse_reuse(run_dir: Path) -> None:
         )
 
 
+def new_run(
+    state: TrainState,
+    init_from: object | None,
+    run_id: str,
+    trust: TrustStore,
+    allow_untrusted: bool,
+    *,
+    root: Path,
+) -> tuple[Identity, dict[str, Any]]:
+    """A new run (warm-started from ``init_from`` when given): its identity and journal event.
+
+    Raises:
+        as :func:`warm_start_from`.
+    """
+    if init_from is None:
+        return fresh(run_id), {"event": "start", "run_id": run_id}
+    ident = warm_start_from(
+        state,
+        Path(str(init_from)),
+        run_id=run_id,
+        trust=trust,
+        allow_untrusted=allow_untrusted,
+        root=root,
+    )
+    return ident, {"event": "warm_start", "run_id": ident.run_id, "from": str(init_from)}
+
+
 def fresh(run_id: str) -> Identity:
     """A new run's identity: one ``start`` segment."""
     return Identity(run_id=run_id, lineage=[lineage.segment(lineage.START, run_id, 0, None)])
@@ -89,7 +115,7 @@ def resume_from(
     """
     rec = loaded.manifest.recovery
     raw = loaded.files.get(CONFIG_FILE)
-    old_config = _yaml(raw if isinstance(raw, bytes) else None)
+    old_config = _yaml(raw if isinstance(raw, bytes) else None, where=loaded.path / CONFIG_FILE)
     drift = prov.drift(
         rec.get("provenance", {}), provenance, old_config=old_config, new_config=config
     )
@@ -178,18 +204,68 @@ def warm_start_from(
     )
 
 
-def _yaml(data: bytes | None) -> dict[str, Any] | None:
+def _yaml(data: bytes | None, *, where: Path) -> dict[str, Any] | None:
+    """A verified ``config.yaml``'s mapping.
+
+    Raises:
+        FormatError: the verified bytes are not YAML, or nest too deep.
+    """
     if data is None:
         return None
-    doc = yaml.safe_load(data)
+    try:
+        doc = bounded.yaml_load(data)
+    except ValueError as err:
+        raise FormatError(f"{where}: expected the run's YAML config ({err})", path=where) from err
     return doc if isinstance(doc, dict) else None
 
 
-def resume_event(loaded: resume.Loaded, ident: Identity, world_size: int) -> dict[str, Any]:
-    """The journal's ``resume`` record: from where, which newer checkpoints were passed
-    over, what drifted, and the world size (and its change)."""
+def choose(
+    run_dir: Path,
+    spec: object,
+    trust: TrustStore,
+    *,
+    allow_untrusted: bool,
+    journal: Path,
+    strict: bool,
+) -> tuple[resume.Loaded | None, str | None]:
+    """The checkpoint to resume (:func:`recovery.run.resume.select`, checked against the
+    run's journal), the same on every rank.
+
+    Returns:
+        The checkpoint (``None``: start fresh), and the run id it replaces when ``spec``
+        names another run's checkpoint explicitly (loaded knowingly, and recorded so).
+
+    Raises:
+        as :func:`recovery.run.resume.select`; RecoveryError: the ranks chose differently.
+    """
+    past = history.read(journal)
+    loaded = resume.select(
+        run_dir, spec, trust, allow_untrusted=allow_untrusted, history=past, strict=strict
+    )
+    step = loaded.decoded.step if loaded is not None else -1
+    multirank.agree_on_resume(step, loaded.path if loaded else None, run_dir)
+    replaced = None
+    if loaded is not None and history.foreign(past, loaded.manifest.recovery.get("run_id")):
+        replaced = past.run_id
+        log.warning(
+            "%s: is a checkpoint of run %s, not of this directory's run %s; continuing it "
+            "as asked (recorded in the journal)",
+            loaded.path,
+            loaded.manifest.recovery.get("run_id"),
+            replaced,
+        )
+    return loaded, replaced
+
+
+def resume_event(
+    loaded: resume.Loaded, ident: Identity, world_size: int, *, replaced: str | None = None
+) -> dict[str, Any]:
+    """The journal's ``resume`` record: the run id, from where, which newer checkpoints were
+    passed over, what drifted, the world size (and its change), and the run it replaced."""
     return {
         "event": "resume",
+        "run_id": ident.run_id,
+        **({"replaced_run": replaced} if replaced else {}),
         "from": str(loaded.path),
         "step": ident.step,
         "skipped": [str(p) for p, _ in loaded.skipped],

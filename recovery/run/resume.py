@@ -23,8 +23,10 @@ import torch
 from recovery.errors import (
     CheckpointNotFoundError,
     ConfigError,
+    ForeignCheckpointError,
     FormatError,
     PurposeError,
+    RollbackError,
     TrackingError,
     VerificationError,
 )
@@ -33,6 +35,8 @@ from recovery.format.manifest import Manifest
 from recovery.integrity import reader
 from recovery.integrity.signing import TrustStore
 from recovery.provenance import purpose
+from recovery.run import history
+from recovery.run.history import History
 from recovery.state import snapshot
 from recovery.state.snapshot import Decoded
 from recovery.storage import tracking
@@ -96,9 +100,20 @@ def load(path: Path, trust: TrustStore, *, allow_untrusted: bool = False) -> Loa
 
 
 def select(
-    run_dir: Path, spec: object, trust: TrustStore, *, allow_untrusted: bool = False
+    run_dir: Path,
+    spec: object,
+    trust: TrustStore,
+    *,
+    allow_untrusted: bool = False,
+    history: History | None = None,
+    strict: bool = False,
 ) -> Loaded | None:
     """The checkpoint ``spec`` names in ``run_dir``, verified and decoded.
+
+    With ``latest``, the run's own ``history`` (its journal) is checked too: a
+    checkpoint another run wrote is passed over (``SUBSTITUTION``), and
+    resuming older than the newest step the run committed and did not retire
+    is said loudly (``ROLLBACK``). ``strict`` refuses both instead.
 
     Returns:
         The loaded checkpoint, or ``None`` when ``spec`` is ``latest`` and no
@@ -108,6 +123,9 @@ def select(
         CheckpointNotFoundError: a named step or path does not exist.
         VerificationError, FormatError, PurposeError: a named step or path is
             damaged, untrusted, or not a continuation checkpoint.
+        ForeignCheckpointError: ``latest`` found only another run's checkpoints
+            (or one at all, when ``strict``).
+        RollbackError: ``strict``, and ``latest`` would roll the run back.
         ConfigError: a malformed spec.
     """
     want = parse_spec(spec)
@@ -121,7 +139,7 @@ def select(
             )
         want = kept[-1]
     if want == LATEST:
-        return _latest(run_dir, trust, allow_untrusted)
+        return _latest(run_dir, trust, allow_untrusted, history or History(), strict)
     if isinstance(want, int):
         path = run_dir / step_dir_name(want)
         if not path.is_dir() and tracking.dvc_file(path).exists():
@@ -150,8 +168,11 @@ def candidates(run_dir: Path) -> list[tuple[int, Path]]:
     return sorted(found.items())
 
 
-def _latest(run_dir: Path, trust: TrustStore, allow_untrusted: bool) -> Loaded | None:
+def _latest(
+    run_dir: Path, trust: TrustStore, allow_untrusted: bool, past: History, strict: bool
+) -> Loaded | None:
     skipped: list[tuple[Path, str]] = []
+    foreign: list[ForeignCheckpointError] = []
     for _step, path in reversed(candidates(run_dir)):
         try:
             if not path.exists():
@@ -165,11 +186,31 @@ def _latest(run_dir: Path, trust: TrustStore, allow_untrusted: bool) -> Loaded |
             log.warning("RESUME FALLBACK: skipping %s, it failed verification: %s", path, err)
             skipped.append((path, str(err)))
             continue
+        if history.foreign(past, loaded.manifest.recovery.get("run_id")):
+            refused = _foreign(path, loaded, past)
+            if strict:
+                raise refused
+            log.warning("SUBSTITUTION: skipping %s", refused)
+            skipped.append((path, str(refused)))
+            foreign.append(refused)
+            continue
+        _rollback(past, loaded.decoded.step, strict, path=run_dir)
         if skipped:
             log.warning("RESUME FALLBACK: resuming from %s instead of %s", path, skipped[0][0])
         return Loaded(
             loaded.path, loaded.manifest, loaded.decoded, loaded.components, loaded.files, skipped
         )
+    if foreign:
+        raise ForeignCheckpointError(
+            f"{run_dir}: holds no checkpoint of this run ({past.run_id}) that verifies, and "
+            f"{len(foreign)} of another run ({foreign[0].run_id}); refusing to start fresh "
+            "over them. Move them out if they do not belong here, or pass their path as "
+            "+resume=<path> to continue that run knowingly.",
+            run_id=foreign[0].run_id,
+            expected=foreign[0].expected,
+            path=run_dir,
+        )
+    _rollback(past, 0, strict, path=run_dir)
     if skipped:
         log.warning(
             "no checkpoint in %s verifies (%d damaged); starting fresh", run_dir, len(skipped)
@@ -177,3 +218,29 @@ def _latest(run_dir: Path, trust: TrustStore, allow_untrusted: bool) -> Loaded |
     else:
         log.warning("resume=latest: no checkpoint in %s yet; starting a fresh run", run_dir)
     return None
+
+
+def _foreign(path: Path, loaded: Loaded, past: History) -> ForeignCheckpointError:
+    theirs = str(loaded.manifest.recovery.get("run_id"))
+    return ForeignCheckpointError(
+        f"{path}: was written by run {theirs}, but this run directory's journal belongs to run "
+        f"{past.run_id}; another run's checkpoint was put here. Move it out, or pass its "
+        "path as +resume=<path> to continue that run knowingly.",
+        run_id=theirs,
+        expected=str(past.run_id),
+        path=path,
+    )
+
+
+def _rollback(past: History, step: int, strict: bool, *, path: Path) -> None:
+    why = history.rollback(past, step)
+    if why is None:
+        return
+    if strict:
+        raise RollbackError(
+            f"{path}: refusing to resume (checkpoint.strict_resume=true): {why}. Restore that "
+            "checkpoint (from the DVC remote: dvc pull), or resume without strict mode.",
+            differences=[why],
+            path=path,
+        )
+    log.warning("ROLLBACK: %s; resuming from step %d loses what came after it", why, step)

@@ -15,7 +15,7 @@ from pathlib import Path
 
 from recovery.config import CheckpointConfig
 from recovery.errors import RecoveryError
-from recovery.format.layout import BEST_DIR, scan, temp_dir_for
+from recovery.format.layout import BEST_DIR, parse_step, scan, temp_dir_for
 from recovery.format.manifest import Manifest
 from recovery.integrity import commit, reader
 from recovery.integrity.signing import TrustStore
@@ -33,8 +33,12 @@ def after_commit(
     trust: TrustStore,
     allow_untrusted: bool,
     retire: Callable[[Path], None] | None,
-) -> None:
-    """What the settings ask once ``final`` is committed: the best copy, then retention."""
+) -> list[int]:
+    """What the settings ask once ``final`` is committed: the best copy, then retention.
+
+    Returns:
+        The steps retention deleted (the run's journal records them).
+    """
     if cfg.keep_best:
         keep_best(
             run_dir,
@@ -45,7 +49,10 @@ def after_commit(
             trust=trust,
             allow_untrusted=allow_untrusted,
         )
-    retain(run_dir, mf.step, keep_last=cfg.keep_last, keep_every=cfg.keep_every, retire=retire)
+    doomed = retain(
+        run_dir, mf.step, keep_last=cfg.keep_last, keep_every=cfg.keep_every, retire=retire
+    )
+    return [s for s in (parse_step(p.name) for p in doomed) if s is not None]
 
 
 def retain(

@@ -38,6 +38,7 @@ from typing import Any
 
 from recovery import faults
 from recovery.errors import ConfigError, TrackingError
+from recovery.format import bounded
 from recovery.format.layout import parse_step
 
 log = logging.getLogger(__name__)
@@ -244,8 +245,8 @@ def status(run_dir: Path) -> dict[str, Status]:
     if path.exists():
         for line in path.read_text().splitlines():
             try:
-                rec = json.loads(line)
-            except json.JSONDecodeError:
+                rec = bounded.json_loads(line)
+            except ValueError:
                 continue
             st = out.setdefault(rec["name"], Status())
             st.registered = st.registered or rec.get("registered", False)

@@ -16,15 +16,15 @@ replaced directory is never mistaken for the one that was recorded.
 from __future__ import annotations
 
 import base64
-import json
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
 from recovery.errors import RecoveryError
+from recovery.format import bounded
 from recovery.format.layout import SIGNATURE_FILE, parse_step
 from recovery.format.manifest import Manifest
-from recovery.integrity.signing import TrustStore
+from recovery.integrity.signing import MAX_BUNDLE_BYTES, TrustStore
 from recovery.run import resume
 
 OK = "ok"
@@ -120,8 +120,8 @@ def index(root: Path) -> dict[str, Path]:
 
 def _claimed_digest(sig: Path) -> str | None:
     try:
-        bundle = json.loads(sig.read_bytes())
-        statement = json.loads(base64.b64decode(bundle["dsseEnvelope"]["payload"]))
+        bundle = bounded.json_loads(sig.read_bytes(), limit=MAX_BUNDLE_BYTES)
+        statement = bounded.json_loads(base64.b64decode(bundle["dsseEnvelope"]["payload"]))
         return str(statement["subject"][0]["digest"]["sha256"])
     except (ValueError, KeyError, TypeError, IndexError, OSError):
         return None

@@ -26,7 +26,6 @@ owns the format, the signing, the lineage and the verifying loader.
 from __future__ import annotations
 
 import io
-import json
 import zipfile
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
@@ -36,7 +35,7 @@ from typing import Any
 import torch
 
 from recovery.errors import FormatError, PurposeError
-from recovery.format import codec
+from recovery.format import bounded, codec
 from recovery.format.layout import IO_SIGNATURE_FILE, PROGRAM_FILE, STATE_FILE, tensor_file
 from recovery.format.manifest import Manifest
 from recovery.integrity import commit
@@ -240,4 +239,8 @@ def load_inference(
         )
     check_no_pickle(program, name=str(path / PROGRAM_FILE))
     exported = torch.export.load(io.BytesIO(program))
-    return Predictor(path, exported.module(), json.loads(signature))
+    try:
+        io_signature = bounded.json_loads(signature)
+    except ValueError as err:
+        raise FormatError(f"{path / IO_SIGNATURE_FILE}: expected JSON ({err})", path=path) from err
+    return Predictor(path, exported.module(), io_signature)

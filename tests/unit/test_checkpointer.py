@@ -197,9 +197,16 @@ def test_warm_start_artifacts_at_milestones(tmp_path):
 
 
 def test_secret_config_values_never_reach_the_checkpoint(tmp_path):
-    config, _ = provenance.redact(
-        {"seed": 0, "db": {"password": "hunter2-SECRET"}, "api_token": "tok-SECRET"}
+    config, keys = provenance.redact(
+        {
+            "seed": 0,
+            "db": {"password": "hunter2-SECRET", "url": "postgresql://app:hunter2-SECRET@host"},
+            "api_token": "tok-SECRET",
+            "hosts": ["a", "b?auth=tok-SECRET"],
+        }
     )
+    assert config["db"]["url"] == f"postgresql://app:{provenance.REDACTED}@host"
+    assert sorted(keys) == ["api_token", "db.password", "db.url", "hosts[1]"]
     run(tmp_path, 2, config=config)
     for f in (tmp_path / "run").rglob("*"):
         if f.is_file():

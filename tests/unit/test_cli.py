@@ -1,5 +1,7 @@
+import hashlib
 import json
 import os
+import subprocess
 
 import pytest
 
@@ -182,10 +184,12 @@ def test_keygen(tmp_path, capsys):
     info = json.loads(capsys.readouterr().out)
     assert (out / "recovery.key").stat().st_mode & 0o777 == 0o600
     assert (out / "recovery.key").read_text().startswith("-----BEGIN PRIVATE KEY-----")
-    assert (
-        info["key_id"]
-        == __import__("hashlib").sha256((out / "recovery.pub").read_bytes()).hexdigest()
-    )
+    der = subprocess.run(
+        ["openssl", "pkey", "-pubin", "-in", str(out / "recovery.pub"), "-outform", "DER"],
+        capture_output=True,
+        check=True,
+    ).stdout  # the key id is the sha256 of the SubjectPublicKeyInfo DER, as openssl sees it
+    assert info["key_id"] == hashlib.sha256(der).hexdigest()
     assert cli.main(["keygen", "--out", str(out)]) == 20
     assert "already exists" in capsys.readouterr().err
 

@@ -118,6 +118,13 @@ def test_extra_file(checkpoint, trust, signer):
     assert_refused(path, trust, signer, ExtraFileError, "notes.txt")
 
 
+@pytest.mark.parametrize("extra", ["empty", "nested/empty"])
+def test_an_unlisted_directory_is_refused_even_empty(checkpoint, trust, signer, extra):
+    path, _ = checkpoint
+    (path / extra).mkdir(parents=True)
+    assert_refused(path, trust, signer, ExtraFileError, extra.split("/")[0] + "/")
+
+
 def test_signature_by_an_untrusted_key(checkpoint, trust, signer, tmp_path):
     path, _ = checkpoint
     mallory = make_signer(tmp_path / "mallory")

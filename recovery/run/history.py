@@ -1,0 +1,79 @@
+"""What a run's own journal knows about it: its id and the newest checkpoint it committed.
+
+Scanning the directory finds what is on disk; the journal (``metrics.jsonl``)
+records what the run did. The two disagree in exactly the cases an attacker
+or an accident produces: the newest good checkpoint deleted (a scan finds an
+older one and would resume from it silently: a *rollback*), or another run's
+validly signed checkpoint planted in the directory (a scan would adopt it,
+run id and all: a *substitution*). These are small pure functions over the
+journal's records, so each case is a table test.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterable
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+from recovery.run import journal
+
+BEGIN_EVENTS = ("start", "warm_start", "resume")
+"""Events that name the run id the process continued as."""
+
+
+@dataclass(frozen=True)
+class History:
+    """A run's record of itself."""
+
+    run_id: str | None = None
+    """The run id the last process of this run ran as (``None``: no journal, or no event)."""
+    committed: frozenset[int] = field(default_factory=frozenset)
+    """Steps of the continuation checkpoints it committed."""
+    retired: frozenset[int] = field(default_factory=frozenset)
+    """Steps it deleted (retention) or moved aside (an abandoned branch)."""
+
+    @property
+    def newest(self) -> int | None:
+        """The newest committed step not retired."""
+        alive = self.committed - self.retired
+        return max(alive) if alive else None
+
+
+def from_records(records: Iterable[dict[str, Any]]) -> History:
+    """The history in journal records, in file order."""
+    run_id: str | None = None
+    committed: set[int] = set()
+    retired: set[int] = set()
+    for rec in records:
+        event = rec.get("event")
+        if event in BEGIN_EVENTS and isinstance(rec.get("run_id"), str):
+            run_id = rec["run_id"]
+        elif event == "checkpoint" and isinstance(rec.get("step"), int):
+            committed.add(rec["step"])
+            retired.discard(rec["step"])  # the same step written again (a branch)
+        elif event == "retired":
+            retired.update(s for s in rec.get("steps", []) if isinstance(s, int))
+    return History(run_id, frozenset(committed), frozenset(retired))
+
+
+def read(path: Path) -> History:
+    """The history in the journal at ``path`` (empty when there is none)."""
+    return from_records(journal.read(path)) if path.is_file() else History()
+
+
+def rollback(history: History, step: int) -> str | None:
+    """Why resuming ``step`` rolls the run back, or ``None`` when it does not."""
+    newest = history.newest
+    if newest is None or step >= newest:
+        return None
+    return (
+        f"the run committed step {newest} (its journal says so, and retention did not delete "
+        f"it), but the newest checkpoint that verifies is step {step}: step {newest} was "
+        "deleted or damaged"
+    )
+
+
+def foreign(history: History, run_id: object) -> bool:
+    """Whether a checkpoint of ``run_id`` belongs to another run than this one."""
+    return history.run_id is not None and run_id != history.run_id

@@ -1,0 +1,40 @@
+"""Secrets never leave the process: by key, and by value wherever the value reached."""
+
+import pytest
+
+from recovery.provenance.capture import REDACTED, redact, redact_overrides, secret_values
+
+CONFIG = {
+    "db": {"password": "hunter2-pw", "url": "postgresql://app:hunter2-pw@db:5432/x"},
+    "api_key": "k-123456",
+    "passcode": "123",  # shorter than MIN_SECRET_LEN: redacted under its key only
+    "note": "id 123 and k-123456",
+}
+
+
+def test_secret_values_are_the_strings_under_secret_keys():
+    assert secret_values(CONFIG) == {"hunter2-pw", "k-123456"}
+
+
+def test_redact_masks_secret_values_that_reached_other_keys():
+    out, keys = redact(CONFIG)
+    assert out["db"]["password"] == out["api_key"] == out["passcode"] == REDACTED
+    assert out["db"]["url"] == f"postgresql://app:{REDACTED}@db:5432/x"
+    assert out["note"] == f"id 123 and {REDACTED}"
+    assert sorted(keys) == ["api_key", "db.password", "db.url", "note", "passcode"]
+
+
+@pytest.mark.parametrize(
+    ("override", "expected"),
+    [
+        ("+db.password=hunter2-pw", f"+db.password={REDACTED}"),
+        ("+db.url=postgresql://app:hunter2-pw@db", f"+db.url=postgresql://app:{REDACTED}@db"),
+        ("train.steps=5", "train.steps=5"),
+        (
+            "+db.url=postgresql://app:${db.password}@db",
+            "+db.url=postgresql://app:${db.password}@db",
+        ),
+    ],
+)
+def test_overrides_are_redacted_by_key_and_by_value(override, expected):
+    assert redact_overrides([override], {"hunter2-pw"}) == [expected]
