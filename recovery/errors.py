@@ -11,6 +11,7 @@ and what to do. Only ``recovery.cli`` maps these classes to exit codes.
     ├── ConfigError(ValueError)                 a config value is out of range
     ├── CheckpointNotFoundError(FileNotFoundError)
     ├── RunDirInUseError(FileExistsError)       fresh run into a dir holding checkpoints
+    ├── RunDirLockedError(BlockingIOError)      another process is writing the run directory
     ├── CommitError(OSError)                    a save could not be committed
     ├── VerificationError(ValueError)           the bytes on disk are not what was committed
     │   ├── ManifestError                       manifest missing, unreadable or malformed
@@ -61,6 +62,18 @@ class CheckpointNotFoundError(RecoveryError, FileNotFoundError):
 
 class RunDirInUseError(RecoveryError, FileExistsError):
     """A fresh run was pointed at a run directory that already holds checkpoints."""
+
+
+class RunDirLockedError(RecoveryError, BlockingIOError):
+    """Another process is writing this run directory (it holds the run's lock).
+
+    Attributes:
+        holder: what the lock file says about the holder (pid, host, since).
+    """
+
+    def __init__(self, message: str, *, holder: str, path: str | Path | None = None) -> None:
+        super().__init__(message, path=path)
+        self.holder = holder
 
 
 class CommitError(RecoveryError, OSError):

@@ -35,6 +35,7 @@ EXIT_CODES: list[tuple[type[BaseException], int, str]] = [
     (errors.IncompatibleStateError, 11, "checkpoint does not fit this run"),
     (errors.ConfigError, 12, "invalid configuration"),
     (errors.RunDirInUseError, 13, "fresh run into a run directory with checkpoints"),
+    (errors.RunDirLockedError, 26, "another process is writing this run directory"),
     (errors.CommitError, 14, "checkpoint could not be committed"),
     (errors.RecoveryError, 1, "other recovery error"),
 ]

@@ -112,6 +112,16 @@ class Cadence:
         }
 
 
+def first_step(step: int, *, resumed: bool) -> dict[str, Any]:
+    """The journal's ``first_step`` record: how long this process took to train again."""
+    return {
+        "event": "first_step",
+        "step": step,
+        "resumed": resumed,
+        "seconds_since_process_start": process_age_s(),
+    }
+
+
 def process_age_s() -> float | None:
     """Seconds since this process started (Linux ``/proc``); ``None`` elsewhere."""
     try:

@@ -28,7 +28,7 @@ from recovery.config import CheckpointConfig, parse_duration
 from recovery.errors import Preempted, PurposeError
 from recovery.format.layout import METRICS_FILE, step_dir_name
 from recovery.format.manifest import Manifest
-from recovery.integrity import commit
+from recovery.integrity.lock import RunLock
 from recovery.integrity.signing import Signer, TrustStore
 from recovery.parallel import multirank
 from recovery.parallel import world as distributed
@@ -36,11 +36,11 @@ from recovery.parallel.world import World
 from recovery.provenance import capture as prov
 from recovery.provenance import lineage, purpose
 from recovery.provenance.purpose import BUILTIN, PurposeSpec
+from recovery.run import cadence, resume, retention, savers
 from recovery.run import job as job_mod
 from recovery.run import restore as begin
-from recovery.run import resume, retention, savers
-from recovery.run.cadence import Cadence, process_age_s
-from recovery.run.job import SaveJob, split
+from recovery.run.cadence import Cadence
+from recovery.run.job import SaveJob
 from recovery.run.journal import Journal
 from recovery.run.preemption import PreemptionGuard
 from recovery.run.savers import Cost
@@ -100,11 +100,9 @@ class Checkpointer:
         )
         self.world = world
         self.seed = seed
-        self.strategy = strategy
         self.cfg = cfg
         self.run_dir = run_dir
         self.root = run_dir.parent
-        self.final_step = final_step
         self.signer = signer
         self.trust = trust
         self.allow_untrusted = allow_untrusted
@@ -135,6 +133,7 @@ class Checkpointer:
             tracking.Publisher(repo, push=cfg.dvc.push, remote=cfg.dvc.remote) if repo else None
         )
         self._first_step = True
+        self._lock: RunLock | None = None
         self._created = time.perf_counter()
         self.pause_s = 0.0
         """Time the training thread spent on checkpoints (sync saves, async pauses and waits)."""
@@ -159,6 +158,7 @@ class Checkpointer:
         - neither: a fresh run; the run directory must not hold checkpoints.
 
         Raises:
+            RunDirLockedError: another process is writing the run directory.
             RunDirInUseError: a fresh or warm-started run into a directory holding checkpoints.
             CheckpointNotFoundError, VerificationError, FormatError: a named artifact
                 is absent, damaged or untrusted.
@@ -168,10 +168,14 @@ class Checkpointer:
                 the newest checkpoint the run committed is gone).
             IncompatibleStateError: it does not fit ``state``; nothing was changed.
         """
-        if self.world.leader:
-            self.run_dir.mkdir(parents=True, exist_ok=True)
-            commit.remove_stale(self.run_dir)
-        distributed.barrier()
+        self._lock = begin.prepare(self.run_dir, self.world)
+        try:
+            return self._restore(state, resume_spec, init_from)
+        except BaseException:
+            self._release()
+            raise
+
+    def _restore(self, state: TrainState, resume_spec: object, init_from: object) -> int:
         if resume_spec is not None:
             loaded, replaced = begin.choose(
                 self.run_dir,
@@ -239,14 +243,7 @@ class Checkpointer:
         self._saver.raise_if_failed()
         if self._first_step:
             self._first_step = False
-            self._event(
-                {
-                    "event": "first_step",
-                    "step": step,
-                    "resumed": self.resumed_from is not None,
-                    "seconds_since_process_start": process_age_s(),
-                }
-            )
+            self._event(cadence.first_step(step, resumed=self.resumed_from is not None))
         every = self.cfg.warm_start_every
         milestone = every > 0 and step % every == 0
         preempt = self.preemption is not None and self.preemption.requested is not None
@@ -301,11 +298,8 @@ class Checkpointer:
         final = self.run_dir / WARM_START_DIR / step_dir_name(step)
         final.parent.mkdir(exist_ok=True)
         job = self._job(final, step, purpose.WARM_START, metrics, chained=False)
-        skeletons, tensors = split({MODEL: model.state_dict()})
-        started = time.perf_counter()
-        mf = job.write(skeletons, tensors, signer=self.signer)
-        elapsed = time.perf_counter() - started
-        self._committed(job, mf, Cost(elapsed, 0.0, elapsed, "sync"))
+        # inline whatever the strategy: a milestone copy is rare, and must not wait its turn
+        savers.Inline(self.signer, self._committed).write_tree(job, {MODEL: model.state_dict()})
         return final
 
     def _job(
@@ -377,6 +371,11 @@ class Checkpointer:
         """
         self.pause_s += self._saver.wait()
 
+    def _release(self) -> None:
+        if self._lock is not None:
+            self._lock.release()
+            self._lock = None
+
     def _journal_path(self) -> Path:
         # ranks > 0 journal nothing but read the same file: every rank takes one decision
         return (self.journal.path if self.journal else None) or self.run_dir / METRICS_FILE
@@ -394,6 +393,7 @@ class Checkpointer:
         try:
             self.pause_s += self._saver.close()
         finally:
+            self._release()
             if self.publisher is not None:
                 self.publisher.close(parse_duration(self.cfg.dvc.close_timeout))
             self._event(self.cadence.summary(time.perf_counter() - self._created, self.pause_s))

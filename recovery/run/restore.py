@@ -17,6 +17,8 @@ from typing import Any
 from recovery.errors import DriftError, FormatError, PurposeError, RunDirInUseError
 from recovery.format import bounded
 from recovery.format.layout import CONFIG_FILE, DISTRIBUTED, scan
+from recovery.integrity import commit
+from recovery.integrity.lock import RunLock
 from recovery.integrity.signing import TrustStore
 from recovery.parallel import multirank, sharded
 from recovery.parallel import world as distributed
@@ -42,6 +44,25 @@ class Identity:
     resumed_from: Path | None = None
     resharded: dict[str, Any] | None = None
     """Old and new world size, when a resume changed it."""
+
+
+def prepare(run_dir: Path, world: World) -> RunLock | None:
+    """Before a run touches its directory: rank 0 creates it, takes the writer's lock, and
+    only then removes the temp directories of dead writes; every rank waits for that.
+
+    Returns:
+        The lock (rank 0), to hold until the run ends.
+
+    Raises:
+        RunDirLockedError: another process is writing ``run_dir``.
+    """
+    lock = None
+    if world.leader:
+        run_dir.mkdir(parents=True, exist_ok=True)
+        lock = RunLock.acquire(run_dir)
+        commit.remove_stale(run_dir)
+    distributed.barrier()
+    return lock
 
 
 def refuse_reuse(run_dir: Path) -> None:

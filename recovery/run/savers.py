@@ -70,8 +70,12 @@ class Inline:
         Raises:
             PurposeError, CommitError: nothing was committed; earlier checkpoints are intact.
         """
+        return self.write_tree(job, state.state_dict(), waited=waited)
+
+    def write_tree(self, job: SaveJob, tree: dict[str, Any], *, waited: float = 0.0) -> float:
+        """Write ``job`` from a state tree now, on this thread; return the seconds it took."""
         started = time.perf_counter()
-        skeletons, tensors = split(state.state_dict())
+        skeletons, tensors = split(tree)
         return self._write(job, skeletons, tensors, started, waited, mode="sync")
 
     def _write(

@@ -22,6 +22,7 @@ a ``dvc add`` in the training thread (a lock wait would stall a step).
 
 from __future__ import annotations
 
+import importlib.util
 import json
 import logging
 import os
@@ -94,16 +95,13 @@ def require_dvc(what: str) -> None:
     Raises:
         ConfigError: ``dvc`` cannot be imported.
     """
-    try:
-        with _quiet():
-            import dvc.repo  # noqa: F401 - imported here once, where a failure is explained
-
-            _dvc_logging()
-    except ImportError as err:
+    # find_spec, not an import: registering runs on the background thread, and importing
+    # DVC (half a second) should not delay the run's start
+    if importlib.util.find_spec("dvc") is None:
         raise ConfigError(
-            f"{what} needs DVC, which cannot be imported ({err}): pip install "
-            "'recovery[dvc]' (or set checkpoint.dvc.enabled=false)"
-        ) from None
+            f"{what} needs DVC, which is not installed: pip install 'recovery[dvc]' "
+            "(or set checkpoint.dvc.enabled=false)"
+        )
 
 
 def _repo(root: Path) -> Any:
