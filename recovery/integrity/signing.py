@@ -70,19 +70,15 @@ def public_pem(key: ec.EllipticCurvePublicKey) -> bytes:
 
 
 def key_id(key: ec.EllipticCurvePublicKey) -> str:
-    """Key id: hex sha256 of the key's SubjectPublicKeyInfo DER (the bundle's ``publicKey.hint``).
+    """Key id: hex sha256 of the key's canonical PEM (the bundle's ``publicKey.hint``).
 
-    Derived from the key, not from a file's bytes, so a trusted ``.pub`` copied
-    with a comment line, CRLF line endings or a trailing blank line is the same key.
+    Derived from the key, never from a file's bytes: the SubjectPublicKeyInfo
+    re-encoded as PEM, so a trusted ``.pub`` copied with a comment line, CRLF
+    line endings or a trailing blank line is the same key. It is what
+    ``model_signing verify key`` computes from the key it is given and
+    compares with the hint (the sha256 of the DER would be refused there),
+    and what every bundle signed so far carries.
     """
-    der = key.public_bytes(
-        serialization.Encoding.DER, serialization.PublicFormat.SubjectPublicKeyInfo
-    )
-    return hashlib.sha256(der).hexdigest()
-
-
-def legacy_key_id(key: ec.EllipticCurvePublicKey) -> str:
-    """The id bundles signed before 0.2 carry: sha256 of the key's canonical PEM."""
     return hashlib.sha256(public_pem(key)).hexdigest()
 
 
@@ -219,10 +215,7 @@ class TrustStore:
             self._add(k)
 
     def _add(self, key: TrustedKey) -> TrustedKey:
-        kept = self._keys.setdefault(key.key_id, key)
-        # bundles signed before key ids were derived from the key name it by its PEM's hash
-        self._keys.setdefault(legacy_key_id(key.key), kept)
-        return kept
+        return self._keys.setdefault(key.key_id, key)
 
     def add_pem(self, pem: bytes, *, source: str, dev: bool = False) -> TrustedKey:
         public = load_public_key(pem, where=source)
@@ -232,7 +225,7 @@ class TrustStore:
         return self._keys.get(kid)
 
     def __len__(self) -> int:
-        return len({k.key_id for k in self._keys.values()})
+        return len(self._keys)
 
     @classmethod
     def from_paths(cls, paths: Iterable[Path], *, dev_keys: Iterable[Path] = ()) -> TrustStore:
@@ -306,7 +299,7 @@ def verify_bundle(
             public = load_public_key(embedded, where=str(where)) if embedded else None
         except SigningKeyError as err:
             raise bad(f"the statement's signer key is unreadable ({err})") from None
-        if public is None or kid not in (key_id(public), legacy_key_id(public)):
+        if public is None or key_id(public) != kid:
             raise bad("signer is untrusted and the statement does not carry its public key")
         verifier, trusted, dev, source = public, False, False, "embedded"
     try:

@@ -184,12 +184,12 @@ def test_keygen(tmp_path, capsys):
     info = json.loads(capsys.readouterr().out)
     assert (out / "recovery.key").stat().st_mode & 0o777 == 0o600
     assert (out / "recovery.key").read_text().startswith("-----BEGIN PRIVATE KEY-----")
-    der = subprocess.run(
-        ["openssl", "pkey", "-pubin", "-in", str(out / "recovery.pub"), "-outform", "DER"],
+    pem = subprocess.run(
+        ["openssl", "pkey", "-pubin", "-in", str(out / "recovery.pub"), "-outform", "PEM"],
         capture_output=True,
         check=True,
-    ).stdout  # the key id is the sha256 of the SubjectPublicKeyInfo DER, as openssl sees it
-    assert info["key_id"] == hashlib.sha256(der).hexdigest()
+    ).stdout  # the key id: sha256 of the key's canonical PEM, as openssl re-encodes it
+    assert info["key_id"] == hashlib.sha256(pem).hexdigest()
     assert cli.main(["keygen", "--out", str(out)]) == 20
     assert "already exists" in capsys.readouterr().err
 

@@ -1,14 +1,13 @@
 """Key identity is the key: a trusted key file's formatting never changes who signed."""
 
-import json
-import os
+import hashlib
+import subprocess
 
 import pytest
 
 from recovery import cli
-from recovery.format.layout import SIGNATURE_FILE
 from recovery.integrity import reader
-from recovery.integrity.signing import TrustStore, key_id, legacy_key_id
+from recovery.integrity.signing import TrustStore, pem_key_id
 
 VARIANTS = {
     "as written": lambda pem: pem,
@@ -32,22 +31,13 @@ def test_a_trusted_key_file_is_the_same_key_however_it_is_formatted(
     assert cli.main(["verify", str(path), "--trusted", str(trusted)]) == 0
 
 
-def test_the_key_id_is_the_sha256_of_the_public_key_der(signer):
-    from cryptography.hazmat.primitives import serialization
-
-    key = serialization.load_pem_public_key(signer.public_pem)
-    assert signer.key_id == key_id(key) != legacy_key_id(key)
-
-
-def test_a_bundle_naming_its_key_the_old_way_still_verifies(checkpoint, signer, trust):
-    path, _ = checkpoint
-    sig = path / SIGNATURE_FILE
-    bundle = json.loads(sig.read_bytes())
-    from cryptography.hazmat.primitives import serialization
-
-    old = legacy_key_id(serialization.load_pem_public_key(signer.public_pem))
-    bundle["verificationMaterial"]["publicKey"]["hint"] = old  # the hint is not signed
-    os.chmod(sig, 0o644)
-    sig.write_text(json.dumps(bundle))
-    check = reader.read_verified(path, trust).manifest.signer
-    assert check.trusted and check.key_id == old
+def test_the_key_id_is_what_model_signing_computes_from_the_key(signer, tmp_path):
+    # openssl re-encodes the key canonically, as model_signing does before hashing
+    (tmp_path / "odd.pub").write_bytes(VARIANTS["CRLF"](signer.public_pem))
+    pem = subprocess.run(
+        ["openssl", "pkey", "-pubin", "-in", str(tmp_path / "odd.pub"), "-outform", "PEM"],
+        capture_output=True,
+        check=True,
+    ).stdout
+    assert signer.key_id == hashlib.sha256(pem).hexdigest()
+    assert pem_key_id(VARIANTS["comment line"](signer.public_pem), where="x") == signer.key_id
