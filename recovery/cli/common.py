@@ -41,6 +41,12 @@ def add_trust_flags(p: argparse.ArgumentParser) -> None:
 def trust_of(args: argparse.Namespace) -> TrustStore:
     """The trust store ``--trusted`` names (default ``.recovery/trusted``) plus the dev key."""
     defaults = SigningConfig()
+    missing = [p for p in args.trusted or [] if not Path(p).exists()]
+    if missing:
+        raise errors.ConfigError(
+            f"--trusted {missing[0]}: no such file or directory; expected a public key file "
+            "or a directory of them"
+        )
     paths = [Path(p) for p in args.trusted] if args.trusted else [Path(defaults.trusted)]
     return TrustStore.from_paths(paths, dev_keys=[Path(defaults.dev_key_dir) / PUBLIC_KEY_FILE])
 

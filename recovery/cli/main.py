@@ -14,6 +14,7 @@ from collections.abc import Sequence
 from recovery import errors
 from recovery.cli import drill, keys, plan, reading, serve, sync
 from recovery.cli.codes import report
+from recovery.version import __version__
 
 COMMAND_GROUPS = (reading, drill, serve, plan, sync, keys)
 """Each registers its subcommands, in this order in ``recovery --help``."""
@@ -25,6 +26,7 @@ def build_parser() -> argparse.ArgumentParser:
         prog="recovery",
         description="Verify, inspect, audit and list signed exact-resume training checkpoints.",
     )
+    parser.add_argument("--version", action="version", version=f"recovery {__version__}")
     sub = parser.add_subparsers(dest="command", required=True)
     for group in COMMAND_GROUPS:
         group.register(sub)

@@ -15,6 +15,8 @@ from recovery.storage import tracking
 
 def cmd_sync(args: argparse.Namespace) -> int:
     run_dir = Path(args.run_dir)
+    if not run_dir.is_dir():
+        raise errors.CheckpointNotFoundError(f"{run_dir}: no such run directory", path=run_dir)
     root = tracking.find_repo(run_dir)
     if root is None or not run_dir.is_dir():
         raise errors.TrackingError(

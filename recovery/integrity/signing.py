@@ -119,10 +119,23 @@ def generate_keypair(out_dir: Path, *, overwrite: bool = False) -> tuple[Path, P
     """Create a P-256 key pair: ``recovery.key`` (PKCS#8 PEM, mode 0600) and ``recovery.pub``.
 
     Raises:
-        SigningKeyError: a key already exists there and ``overwrite`` is false.
+        SigningKeyError: a key already exists there and ``overwrite`` is false, or
+            ``out_dir`` cannot be created or written.
     """
-    out_dir.mkdir(parents=True, exist_ok=True)
     priv_path, pub_path = out_dir / PRIVATE_KEY_FILE, out_dir / PUBLIC_KEY_FILE
+    try:
+        out_dir.mkdir(parents=True, exist_ok=True)
+        return _write_keypair(priv_path, pub_path, overwrite=overwrite)
+    except OSError as err:
+        what = "is a file, not a directory" if out_dir.is_file() else f"is not writable ({err})"
+        raise SigningKeyError(
+            f"{out_dir}: {what}; pass a directory you can write to as --out "
+            "(it is created if missing)",
+            path=out_dir,
+        ) from None
+
+
+def _write_keypair(priv_path: Path, pub_path: Path, *, overwrite: bool) -> tuple[Path, Path]:
     if priv_path.exists() and not overwrite:
         raise SigningKeyError(
             f"{priv_path}: a key already exists; keep it, or pass --force to replace it "

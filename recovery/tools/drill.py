@@ -33,7 +33,7 @@ from typing import Any
 import torch
 
 from recovery import faults
-from recovery.errors import DrillError
+from recovery.errors import ConfigError, DrillError
 from recovery.format.layout import DISTRIBUTED, METRICS_FILE, step_dir_name
 from recovery.integrity.signing import TrustStore
 from recovery.run import resume
@@ -78,6 +78,13 @@ def choose_points(
     ckpts = [s for s in range(every, steps, every)]
     if not ckpts:
         raise DrillError(f"drill: no checkpoint before step {steps} with every_steps={every}")
+    # distinct points: each commit phase once, every step boundary before the last, DVC's
+    capacity = len(PHASES) + (ckpts[-1] if dvc else steps) - 1 + (1 if dvc else 0)
+    if not 0 <= kills <= capacity:
+        raise ConfigError(
+            f"drill --kills: expected 0 to {capacity} (the distinct kill points of a "
+            f"{steps}-step run saving every {every} steps), got {kills}"
+        )
     order = {"step": 4, "write": 0, "before-manifest": 1, "before-rename": 2, "dvc-register": 3}
     chosen: set[tuple[int, str]] = set()
     limit = steps

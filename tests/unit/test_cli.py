@@ -211,3 +211,30 @@ def test_plan_table(capsys):
     text = capsys.readouterr().out
     assert "53.7m" in text and text.count("<- optimum") == 1
     assert cli.main(["plan", "--cost", "soon", "--mtbf", "24h"]) == 12
+
+
+@pytest.mark.parametrize(
+    ("argv", "code", "names"),
+    [
+        (["keygen", "--out", "{file}"], 20, "is a file, not a directory"),
+        (["keygen", "--out", "{file}/sub"], 20, "is not writable"),
+        (["sync", "{tmp}/nowhere"], 3, "no such run directory"),
+        (["verify", "{tmp}", "--trusted", "{tmp}/no-such.pub"], 12, "--trusted"),
+        (["plan", "--cost", "abc", "--mtbf", "24h"], 12, "abc"),
+    ],
+)
+def test_bad_input_gets_one_line_and_its_code(tmp_path, capsys, argv, code, names):
+    (tmp_path / "afile").write_text("x")
+    fill = {"file": str(tmp_path / "afile"), "tmp": str(tmp_path)}
+    assert cli.main([a.format(**fill) for a in argv]) == code
+    err = capsys.readouterr().err
+    assert names in err and len(err.strip().splitlines()) == 1, err
+
+
+def test_version(capsys):
+    with pytest.raises(SystemExit) as done:
+        cli.main(["--version"])
+    assert (
+        done.value.code == 0
+        and capsys.readouterr().out.strip() == f"recovery {recovery.__version__}"
+    )

@@ -3,7 +3,7 @@ import random
 import pytest
 
 from recovery.config import CheckpointConfig
-from recovery.errors import DrillError
+from recovery.errors import ConfigError, DrillError
 from recovery.format.layout import step_dir_name
 from recovery.run.checkpointer import Checkpointer
 from recovery.tools import drill
@@ -67,3 +67,10 @@ def test_dvc_registration_kill_comes_last():
         "commit-before-manifest",
         "commit-before-rename",
     }
+
+
+@pytest.mark.parametrize("kills", [-1, 10_000])
+def test_kill_counts_the_run_cannot_hold_are_refused_not_looped_on(kills):
+    with pytest.raises(ConfigError, match="--kills: expected 0 to"):
+        drill.choose_points(random.Random(0), steps=40, every=10, kills=kills)
+    assert len(drill.choose_points(random.Random(0), steps=12, every=5, kills=14)) == 14
