@@ -10,8 +10,10 @@ and ``commit-<phase>-<N>`` inside the commit of step N's checkpoint, with phase
 durable, manifest not yet written) and ``before-rename`` (manifest durable,
 directory not yet renamed), ``rank-<R>-write-<N>`` and ``rank-<R>-sharded-<N>``
 (rank R of a distributed save has written its own files, or its DCP shards),
-and ``dvc-register-<N>`` (the background DVC
-publisher about to register step N's committed checkpoint).
+``dvc-register-<N>`` (the background DVC
+publisher about to register step N's committed checkpoint), and
+``best-copy-<N>``/``best-swap-<N>`` (the best copy of step N complete but not
+committed / committed beside the old best, which is not yet removed).
 
 With ``RECOVERY_PAUSE_RELEASE=<file>`` as well, the pause ends when that file
 appears (the driver can send a signal first, then let the process go on to

@@ -43,7 +43,16 @@ CHUNK = tensorfile.CHUNK
 
 def fsync_dir(path: Path) -> None:
     """Make a directory's entries (creations, renames) durable."""
-    fd = os.open(path, os.O_RDONLY | os.O_DIRECTORY)
+    _fsync(path, os.O_RDONLY | os.O_DIRECTORY)
+
+
+def fsync_file(path: Path) -> None:
+    """Make a file's content durable (a copy made by another means than :func:`write_file`)."""
+    _fsync(path, os.O_RDONLY)
+
+
+def _fsync(path: Path, flags: int) -> None:
+    fd = os.open(path, flags)
     try:
         os.fsync(fd)
     finally:

@@ -25,7 +25,7 @@ from recovery.parallel import world as distributed
 from recovery.parallel.world import World
 from recovery.provenance import capture as prov
 from recovery.provenance import lineage, purpose
-from recovery.run import history, resume
+from recovery.run import history, resume, retention
 from recovery.state.registry import MODEL, TrainState
 
 log = logging.getLogger(__name__)
@@ -61,6 +61,7 @@ def prepare(run_dir: Path, world: World) -> RunLock | None:
         run_dir.mkdir(parents=True, exist_ok=True)
         lock = RunLock.acquire(run_dir)
         commit.remove_stale(run_dir)
+        retention.tidy_best(run_dir)
     distributed.barrier()
     return lock
 

@@ -130,7 +130,8 @@ def select(
     """
     want = parse_spec(spec)
     if want == BEST:
-        kept = sorted((run_dir / BEST_DIR).glob("step-*")) if (run_dir / BEST_DIR).is_dir() else []
+        # committed ones only (never an interrupted copy's temp dir); the newest is the best
+        kept = [p for _, p in scan(run_dir / BEST_DIR).committed]
         if not kept:
             raise CheckpointNotFoundError(
                 f"{run_dir / BEST_DIR}: no best checkpoint; train with checkpoint.keep_best=true "

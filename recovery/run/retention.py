@@ -13,6 +13,7 @@ import shutil
 from collections.abc import Callable
 from pathlib import Path
 
+from recovery import faults
 from recovery.config import CheckpointConfig
 from recovery.errors import RecoveryError
 from recovery.format.layout import BEST_DIR, parse_step, scan, temp_dir_for
@@ -53,6 +54,24 @@ def after_commit(
         run_dir, mf.step, keep_last=cfg.keep_last, keep_every=cfg.keep_every, retire=retire
     )
     return [s for s in (parse_step(p.name) for p in doomed) if s is not None]
+
+
+def tidy_best(run_dir: Path) -> list[Path]:
+    """At a writer's start: remove what an interrupted best copy left under ``<run>/best``
+    (its temp directory, and a superseded best the kill did not let it delete).
+
+    Returns:
+        What was removed.
+    """
+    best_dir = run_dir / BEST_DIR
+    if not best_dir.is_dir():
+        return []
+    removed = commit.remove_stale(best_dir)
+    for _, old in scan(best_dir).committed[:-1]:
+        log.warning("removing %s: a best checkpoint superseded by a newer one", old)
+        shutil.rmtree(old, ignore_errors=True)
+        removed.append(old)
+    return removed
 
 
 def retain(
@@ -100,14 +119,14 @@ def keep_best(
     if not isinstance(value, int | float):
         return False
     best_dir = run_dir / BEST_DIR
-    current = [p for p in best_dir.glob("step-*") if p.is_dir()] if best_dir.is_dir() else []
+    current = [p for _, p in scan(best_dir).committed] if best_dir.is_dir() else []
     best_value = None
-    for path in current:
+    if current:  # the newest committed one is the best (see tidy_best)
         try:
-            kept = reader.read_manifest(path, trust, allow_untrusted=allow_untrusted)
+            kept = reader.read_manifest(current[-1], trust, allow_untrusted=allow_untrusted)
             best_value = kept.recovery.get("metrics", {}).get(metric)
         except RecoveryError as err:
-            log.warning("best checkpoint %s does not verify (%s); replacing it", path, err)
+            log.warning("best checkpoint %s does not verify (%s); replacing it", current[-1], err)
     if not policy.is_better(float(value), best_value, mode=mode):
         return False
     best_dir.mkdir(exist_ok=True)
@@ -117,10 +136,17 @@ def keep_best(
         for f in directory.iterdir():
             if f.is_file():
                 f.chmod(0o644)  # committed files are read-only; the copy must be deletable later
+                commit.fsync_file(f)
         commit.fsync_dir(directory)
-    for old in current:
-        shutil.rmtree(old, ignore_errors=True)
+    faults.reach(f"best-copy-{mf.step}")  # the new copy complete, not yet committed
+    # publish the new best before the old goes: a kill in between leaves two committed,
+    # and the newer (better, or it would not have been copied) is the one readers take
     os.rename(tmp, best_dir / final.name)
+    commit.fsync_dir(best_dir)
+    faults.reach(f"best-swap-{mf.step}")  # both committed, the old not yet removed
+    for old in current:
+        if old.name != final.name:
+            shutil.rmtree(old, ignore_errors=True)
     commit.fsync_dir(best_dir)
     log.info("best checkpoint: %s (%s %s %.6g)", final.name, metric, mode, float(value))
     return True

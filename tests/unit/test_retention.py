@@ -2,9 +2,18 @@
 
 from __future__ import annotations
 
-from recovery.format.layout import BEST_DIR, step_dir_name
+import os
+import signal
+import subprocess
+import sys
+import time
+
+import pytest
+
+from recovery.format.layout import BEST_DIR, scan, step_dir_name
 from recovery.integrity import commit, reader
-from recovery.run import retention
+from recovery.run import resume, retention
+from tests.conftest import commit_state, tiny_state
 
 
 def committed(run_dir, step, value, signer, *, nested=False):
@@ -51,3 +60,57 @@ def test_the_best_copy_of_a_nested_checkpoint_verifies_and_survives_its_source(
     removed = retention.retain(run, 30, keep_last=2, keep_every=0)
     assert removed == [first]
     assert sorted(p.name for p in run.glob("step-*")) == [step_dir_name(20), step_dir_name(30)]
+
+
+KILL_BEST = """
+import sys
+from pathlib import Path
+from recovery.integrity import reader
+from recovery.integrity.signing import TrustStore
+from recovery.run import retention
+run_dir, final, keys = Path(sys.argv[1]), Path(sys.argv[2]), Path(sys.argv[3])
+trust = TrustStore.from_paths([keys])
+mf = reader.read_manifest(final, trust)
+retention.keep_best(run_dir, final, mf, metric="loss", mode="min", trust=trust,
+                    allow_untrusted=False)
+"""
+
+
+@pytest.mark.parametrize(("phase", "best_after"), [("copy", 2), ("swap", 4)])
+def test_a_kill_during_the_best_copy_always_leaves_one_committed_best(
+    tmp_path, signer, trust, phase, best_after
+):
+    run_dir = tmp_path / "run"
+    for step, loss in ((2, 1.0), (4, 0.5)):
+        commit_state(run_dir, tiny_state(), step, signer, metrics={"loss": loss})
+    two = run_dir / step_dir_name(2)
+    retention.keep_best(
+        run_dir,
+        two,
+        reader.read_manifest(two, trust),
+        metric="loss",
+        mode="min",
+        trust=trust,
+        allow_untrusted=False,
+    )
+    keys = tmp_path / "keys"
+    keys.mkdir()
+    (keys / "k.pub").write_bytes(signer.public_pem)
+    mark = tmp_path / "mark"
+    env = {**os.environ, "RECOVERY_PAUSE_AT": f"best-{phase}-4", "RECOVERY_PAUSE_MARK": str(mark)}
+    proc = subprocess.Popen(
+        [sys.executable, "-c", KILL_BEST, str(run_dir), str(run_dir / step_dir_name(4)), str(keys)],
+        env=env,
+    )
+    deadline = time.time() + 60
+    while not mark.exists() and proc.poll() is None and time.time() < deadline:
+        time.sleep(0.05)
+    os.kill(proc.pid, signal.SIGKILL)
+    proc.wait()
+    assert mark.read_text().startswith(f"best-{phase}-4")
+
+    chosen = resume.select(run_dir, "best", trust)  # never the temp dir, always a committed one
+    assert chosen is not None and chosen.decoded.step == best_after
+    retention.tidy_best(run_dir)  # what a starting writer does
+    listing = scan(run_dir / BEST_DIR)
+    assert [s for s, _ in listing.committed] == [best_after] and not listing.stale
