@@ -4,6 +4,7 @@ import os
 import signal
 import subprocess
 import sys
+import time
 
 import pytest
 
@@ -67,3 +68,32 @@ def test_the_lock_file_names_its_holder_and_a_second_open_is_refused(tmp_path):
         assert cli.exit_code(RunDirLockedError("x", holder="")) == 26
     finally:
         lock.release()
+
+
+def test_a_forked_child_that_outlives_its_writer_holds_no_lock(tmp_path):
+    # DataLoader workers are forked: flock is shared with them, and they outlive a
+    # SIGKILLed parent for a moment
+    script = """
+import os, sys, time
+from pathlib import Path
+from recovery.integrity.lock import RunLock
+lock = RunLock.acquire(Path(sys.argv[1]))
+if os.fork() == 0:
+    time.sleep(30)  # the orphan
+    os._exit(0)
+print("held", flush=True)
+time.sleep(60)
+"""
+    run_dir = tmp_path / "run"
+    run_dir.mkdir()
+    proc = subprocess.Popen(
+        [sys.executable, "-c", script, str(run_dir)], stdout=subprocess.PIPE, text=True
+    )
+    assert proc.stdout is not None and proc.stdout.readline().strip() == "held"
+    with pytest.raises(RunDirLockedError):
+        RunLock.acquire(run_dir)
+    os.kill(proc.pid, signal.SIGKILL)
+    proc.wait()
+    started = time.monotonic()
+    RunLock.acquire(run_dir).release()
+    assert time.monotonic() - started < 5, "the orphaned child held the lock"
