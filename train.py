@@ -8,12 +8,13 @@ from __future__ import annotations
 
 import sys
 import traceback
+from pathlib import Path
 
 import hydra
 from omegaconf import DictConfig
 
 import recipes
-from recovery.cli import report
+from recovery.cli import preflight, report
 from recovery.errors import RecoveryError
 from recovery.parallel import world as distributed
 
@@ -36,4 +37,8 @@ def main(cfg: DictConfig) -> None:
 
 
 if __name__ == "__main__":
+    try:  # a typo'd key or group option: one line and exit 12, not Hydra's page and exit 1
+        preflight("train.py", sys.argv[1:], Path(__file__).resolve().parent / "conf")
+    except RecoveryError as err:
+        sys.exit(report(err))
     main()

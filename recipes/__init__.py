@@ -5,10 +5,22 @@
 
 from __future__ import annotations
 
+import contextlib
+import logging
 from collections.abc import Callable
 
 from omegaconf import DictConfig
 
+from recovery.config import (
+    CheckpointConfig,
+    DistConfig,
+    DrillConfig,
+    HealthConfig,
+    RunConfig,
+    SigningConfig,
+    TrainConfig,
+    typed,
+)
 from recovery.errors import ConfigError
 
 
@@ -30,9 +42,67 @@ RECIPES: dict[str, Callable[[DictConfig], int]] = {
 }
 
 
+GROUPS = {
+    "checkpoint": CheckpointConfig,
+    "run": RunConfig,
+    "train": TrainConfig,
+    "signing": SigningConfig,
+    "health": HealthConfig,
+    "dist": DistConfig,
+    "drill": DrillConfig,
+}
+"""The shared groups and their schemas (the recipe validates ``recipe``; export, ``export``)."""
+
+
+def validate(cfg: DictConfig) -> None:
+    """Validate every config group at start-up, so a bad value fails before anything runs
+    (``export.dtype=int8`` refused now, not after training at export).
+
+    Raises:
+        ConfigError: naming the first bad key.
+    """
+    from omegaconf import OmegaConf
+
+    from recipes.export import ExportConfig
+
+    for key, schema in {**GROUPS, "export": ExportConfig}.items():
+        typed(schema, OmegaConf.select(cfg, key, default=None), key=key)
+
+
 def run(cfg: DictConfig) -> int:
-    """Run the recipe named by ``cfg.recipe.name``; return the process exit code."""
-    name = str(cfg.recipe.name)
-    if name not in RECIPES:
-        raise ConfigError(f"recipe={name}: unknown recipe; choose one of {sorted(RECIPES)}")
-    return RECIPES[name](cfg)
+    """Validate the config, run the recipe named by ``cfg.recipe.name``; return the exit code.
+
+    A run that fails before it wrote anything (a bad value, an unreadable key)
+    leaves nothing behind: not even the log directory Hydra made for it.
+    """
+    try:
+        name = str(cfg.recipe.name)
+        if name not in RECIPES:
+            raise ConfigError(f"recipe={name}: unknown recipe; choose one of {sorted(RECIPES)}")
+        validate(cfg)
+        return RECIPES[name](cfg)
+    except Exception:
+        _discard_job_dir()
+        raise
+
+
+def _discard_job_dir() -> None:
+    """Remove this Hydra job's output directory (and the run directory, if that leaves it
+    empty) when the run directory holds nothing else: no journal, lock or checkpoint."""
+    import shutil
+    from pathlib import Path
+
+    from hydra.core.hydra_config import HydraConfig
+
+    if not HydraConfig.initialized():
+        return
+    job_dir = Path(HydraConfig.get().runtime.output_dir)
+    logs = job_dir.parent
+    run_dir = logs.parent
+    if logs.name != "hydra" or any(p != logs for p in run_dir.iterdir()):
+        return
+    logging.shutdown()  # Hydra's file handler holds the job's log open
+    shutil.rmtree(job_dir, ignore_errors=True)
+    for directory in (logs, run_dir):
+        with contextlib.suppress(OSError):  # not empty: earlier jobs' logs stay
+            directory.rmdir()

@@ -37,6 +37,9 @@ from recovery.state.sampler import ResumableSampler
 
 log = logging.getLogger(__name__)
 
+FIXED_ON_RESUME = {"recipe.lr": "the optimizer's and LR schedule's state"}
+"""Keys a resume restores from the checkpoint, whatever the command line says."""
+
 
 @dataclass(kw_only=True)
 class ClassifierConfig:
@@ -227,4 +230,6 @@ def run(cfg: DictConfig) -> int:
         data_root=digits.source,
         model_cfg={"recipe": "classifier", "class": "CNN", "dropout": rc.dropout},
         examples=len(digits.labels),
+        best_metric="val_loss",
+        fixed_on_resume=FIXED_ON_RESUME,
     )

@@ -9,6 +9,7 @@ and checkpoints, and a clean close.
 
 from __future__ import annotations
 
+import dataclasses
 import logging
 import math
 import random
@@ -41,6 +42,7 @@ from recovery.parallel import world as distributed
 from recovery.parallel.world import World
 from recovery.provenance import capture as provenance
 from recovery.provenance.purpose import PurposeSpec
+from recovery.run import policy
 from recovery.run.checkpointer import Checkpointer
 from recovery.run.journal import Journal
 from recovery.run.preemption import PreemptionGuard
@@ -191,6 +193,20 @@ def health_monitor(
     return monitor, probe
 
 
+def ignored(ckpt: Checkpointer, journal: Journal, fixed: dict[str, str]) -> None:
+    """After a resume: say loudly which config changes the checkpoint's state overrides."""
+    old = ckpt.identity.old_config
+    if old is None or ckpt.resumed_from is None:
+        return
+    lines = policy.ignored_on_resume(
+        provenance.flatten(old), provenance.flatten(ckpt.config), fixed
+    )
+    for line in lines:
+        log.warning("OVERRIDE IGNORED: %s", line)
+    if lines:
+        journal.write({"event": "override_ignored", "lines": lines})
+
+
 def report(journal: Journal, step: int, verdict: Verdict | None) -> None:
     """Log a resume-health verdict (a warning when it departed) and journal it."""
     if verdict is None:
@@ -211,6 +227,8 @@ def train(
     data_root: Path,
     model_cfg: dict[str, object],
     examples: int,
+    best_metric: str,
+    fixed_on_resume: dict[str, str],
     world: World = distributed.SINGLE,
     strategy: str = "ddp",
 ) -> int:
@@ -225,6 +243,10 @@ def train(
         data_root: the dataset the run reads (its version goes into provenance).
         model_cfg: what rebuilds the model (for warm starts).
         examples: the dataset's size, for the log.
+        best_metric: the metric ``checkpoint.keep_best`` ranks by, unless the config names one.
+        fixed_on_resume: config keys (or prefixes ending in ``.``) a resume restores from
+            the checkpoint, whatever the command line says -> what restores them; a
+            change to one is warned about loudly (``OVERRIDE IGNORED``) and journaled.
         world: this rank and the job's size (:func:`join`); rank 0 alone journals.
         strategy: the job's parallelism, recorded in its checkpoints.
     """
@@ -234,6 +256,8 @@ def train(
             "start it with python, or use recipe=embedding"
         )
     ck = typed(CheckpointConfig, cfg.checkpoint, key="checkpoint")
+    if ck.best_metric is None:
+        ck = dataclasses.replace(ck, best_metric=best_metric)
     run_cfg = typed(RunConfig, cfg.run, key="run")
     steps = typed(TrainConfig, cfg.train, key="train")
     run_dir = Path(ck.root) / run_cfg.name
@@ -257,6 +281,7 @@ def train(
         OmegaConf.select(cfg, "resume", default=None),
         init_from=OmegaConf.select(cfg, "init_from", default=None),
     )
+    ignored(ckpt, journal, fixed_on_resume)
     log.info("run %s: step %d of %d, %d examples", run_dir, step, steps.steps, examples)
     # a progress bar on a terminal; plain log lines (below) everywhere else
     bar = tqdm(

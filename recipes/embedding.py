@@ -29,6 +29,12 @@ from recovery.state.sampler import ResumableSampler
 
 log = logging.getLogger(__name__)
 
+FIXED_ON_RESUME = {
+    "recipe.optim.lr": "the optimizer's and LR schedule's state",
+    "recipe.optim.weight_decay": "the optimizer's state",
+}
+"""Keys a resume restores from the checkpoint, whatever the command line says."""
+
 
 @dataclass(kw_only=True)
 class ModelConfig:
@@ -220,6 +226,8 @@ def run(cfg: DictConfig) -> int:
         data_root=Path(rc.data.root),
         model_cfg=model_config(rc),
         examples=len(data),
+        best_metric="val_logloss",
+        fixed_on_resume=FIXED_ON_RESUME,
         world=world,
         strategy=strategy,
     )

@@ -9,8 +9,9 @@ dataclasses, never raw config nodes. Only :func:`typed` needs OmegaConf (the
 
 from __future__ import annotations
 
+import difflib
 import re
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, fields
 from typing import Any, ClassVar, TypeVar
 
 from recovery.errors import ConfigError
@@ -37,6 +38,14 @@ def parse_duration(text: str | float | int) -> float:
     if not value > 0:
         raise ValueError(f"expected a positive duration, got {text!r}")
     return value
+
+
+def did_you_mean(word: str, choices: list[str], *, prefix: str = "") -> str:
+    """``; did you mean `prefix.choice`?`` for the choice closest to ``word``, or ``""``."""
+    close = difflib.get_close_matches(word, choices, n=1, cutoff=0.6)
+    if not close:
+        return ""
+    return f"; did you mean `{prefix + '.' if prefix else ''}{close[0]}`?"
 
 
 T = TypeVar("T")
@@ -101,8 +110,9 @@ class CheckpointConfig:
     """DVC tracking of committed checkpoints."""
     keep_best: bool = False
     """Keep an independent copy of the best checkpoint by ``best_metric`` under ``<run>/best/``."""
-    best_metric: str = "val_logloss"
-    """The metric (recorded with each checkpoint) that ranks checkpoints."""
+    best_metric: str | None = None
+    """The metric (recorded with each checkpoint) that ranks checkpoints; unset: the
+    recipe's own (an own loop with ``keep_best`` names it)."""
     best_mode: str = "min"
     """``min`` or ``max``: which direction of ``best_metric`` is better."""
 
@@ -182,6 +192,22 @@ class SigningConfig:
 
 
 @dataclass(kw_only=True)
+class DrillConfig:
+    """How ``recovery drill`` judges the drilled run against the uninterrupted one."""
+
+    level: str = "bitwise"
+    """``bitwise`` (CPU) or ``tolerance`` (non-deterministic kernels: ``atol``/``rtol``)."""
+    atol: float = 0.0
+    rtol: float = 0.0
+
+    def __post_init__(self) -> None:
+        if self.level not in ("bitwise", "tolerance"):
+            raise ConfigError(f"drill.level: expected bitwise or tolerance, got {self.level!r}")
+        if self.atol < 0 or self.rtol < 0:
+            raise ConfigError(f"drill.atol/rtol: must be >= 0, got {self.atol}, {self.rtol}")
+
+
+@dataclass(kw_only=True)
 class HealthConfig:
     """The resume health monitor (:mod:`recovery.state.health`)."""
 
@@ -253,7 +279,7 @@ def typed(schema: type[T], node: Any, *, key: str) -> T:
     """
     # OmegaConf comes with the [hydra] extra; the core (own loops) builds the dataclasses itself
     from omegaconf import OmegaConf
-    from omegaconf.errors import OmegaConfBaseException
+    from omegaconf.errors import ConfigKeyError, OmegaConfBaseException
 
     aliases: dict[str, str] = getattr(schema, "ALIASES", {})
     if node is not None and not isinstance(node, dict):
@@ -270,7 +296,11 @@ def typed(schema: type[T], node: Any, *, key: str) -> T:
         cause = err.__cause__ if isinstance(err.__cause__, ConfigError) else None
         if cause is not None:
             raise cause from None
-        raise ConfigError(f"{key}: {err}") from err
+        where, hint = (f"{key}.{err.key}", "") if err.key is not None else (key, "")
+        if isinstance(err, ConfigKeyError) and err.key is not None:
+            names = [f.name for f in fields(schema)] + list(aliases)  # type: ignore[arg-type]
+            hint = did_you_mean(str(err.key), names, prefix=key) or f"; {key} has {names}"
+        raise ConfigError(f"{where}: {str(err).splitlines()[0]}{hint}") from err
     if not isinstance(obj, schema):
         raise ConfigError(
             f"{key}: expected a {schema.__name__} mapping, found {type(obj).__name__}"

@@ -1,4 +1,4 @@
-"""What every command shares: output, the trust store from flags, signer text, Hydra composition."""
+"""What every command shares: output, the trust store from flags, signer text."""
 
 from __future__ import annotations
 
@@ -88,27 +88,3 @@ def parameters_digest(model_state: dict[str, Any]) -> str:
         h.update(f"{key}\0{t.dtype}\0{tuple(t.shape)}\0".encode())
         h.update(t.reshape(-1).view(torch.uint8).numpy().tobytes())
     return h.hexdigest()
-
-
-def compose(command: str, overrides: list[str]) -> Any:
-    """The project's config (``./conf``, the project root being the working directory) with
-    ``overrides``, through Hydra's compose API.
-
-    Raises:
-        ConfigError: Hydra is not installed (the ``[hydra]`` extra), or there is no ``conf/``.
-    """
-    try:
-        from hydra import compose as hydra_compose
-        from hydra import initialize_config_dir
-    except ImportError as err:
-        raise errors.ConfigError(
-            f"{command}: needs Hydra ({err}); pip install 'recovery[hydra]'"
-        ) from None
-    conf = Path.cwd() / "conf"
-    if not conf.is_dir():
-        raise errors.ConfigError(
-            f"{command}: no conf/ in {Path.cwd()}; run it from the project root "
-            "(where conf/ and train.py are)"
-        )
-    with initialize_config_dir(config_dir=str(conf), version_base=None):
-        return hydra_compose(config_name="config", overrides=overrides)

@@ -8,7 +8,9 @@ from pathlib import Path
 from typing import Any
 
 from recovery import errors
-from recovery.cli.common import add_trust_flags, compose, emit, trust_of
+from recovery.cli.common import add_trust_flags, emit, trust_of
+from recovery.cli.overrides import compose
+from recovery.config import CheckpointConfig, DrillConfig, TrainConfig, typed
 from recovery.tools import drill
 
 
@@ -25,21 +27,20 @@ def cmd_drill(args: argparse.Namespace) -> int:
     cfg = compose("drill", list(args.overrides))
     from omegaconf import OmegaConf
 
-    level = str(OmegaConf.select(cfg, "drill.level", default="bitwise"))
-    if level not in ("bitwise", "tolerance"):
-        raise errors.ConfigError(f"drill.level: expected bitwise or tolerance, got {level!r}")
+    judged = typed(DrillConfig, OmegaConf.select(cfg, "drill", default=None), key="drill")
+    ck = typed(CheckpointConfig, cfg.checkpoint, key="checkpoint")
     out = Path(args.out or f".recovery/drills/{time.strftime('%Y%m%d-%H%M%S')}")
     plan = drill.Plan(
         script=Path(args.script),
         overrides=[
             o for o in args.overrides if not o.startswith(("checkpoint.root=", "run.name="))
         ],
-        steps=int(cfg.train.steps),
-        every=int(cfg.checkpoint.every_steps),
+        steps=typed(TrainConfig, cfg.train, key="train").steps,
+        every=ck.every_steps,
         out=out,
-        level=level,
-        atol=float(OmegaConf.select(cfg, "drill.atol", default=0.0)),
-        rtol=float(OmegaConf.select(cfg, "drill.rtol", default=0.0)),
+        level=judged.level,
+        atol=judged.atol,
+        rtol=judged.rtol,
         dvc=args.dvc,
     )
     report = drill.run(

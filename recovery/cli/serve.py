@@ -7,12 +7,15 @@ import argparse
 import json
 import logging
 import sys
+from json import JSONDecodeError
 from pathlib import Path
 from typing import Any
 
 from recovery import errors
-from recovery.cli.common import add_trust_flags, compose, trust_of
-from recovery.tools.export import load_inference
+from recovery.cli.common import add_trust_flags, trust_of
+from recovery.cli.overrides import compose
+from recovery.format import bounded
+from recovery.tools.export import admit, describe, load_inference
 
 EXPORTER_KEY = "export.exporter"
 
@@ -51,25 +54,91 @@ def cmd_export(args: argparse.Namespace) -> int:
     return int(exporter(cfg))
 
 
+def read_input(name: str | None) -> bytes:
+    """The bytes of the ``--input`` file, or of stdin when there is none.
+
+    Raises:
+        CheckpointNotFoundError: no file at that path (or a directory).
+        RecoveryError: the file exists but cannot be read.
+    """
+    if name is None:
+        return sys.stdin.buffer.read()
+    path = Path(name)
+    if not path.is_file():
+        found = "a directory" if path.is_dir() else "no such file"
+        raise errors.CheckpointNotFoundError(
+            f"--input {path}: expected a JSON lines file (one object per line), found {found}; "
+            "check the path, or omit --input to read stdin",
+            path=path,
+        )
+    try:
+        return path.read_bytes()
+    except OSError as err:
+        raise errors.RecoveryError(
+            f"--input {path}: cannot be read ({err.strerror}); check its permissions", path=path
+        ) from None
+
+
+def parse_rows(data: bytes, inputs: list[dict[str, Any]], *, where: str) -> list[dict[str, Any]]:
+    """Every non-blank line of ``data``, each a JSON object whose input fields the artifact's
+    signature admits (:func:`~recovery.tools.export.admit`: nothing is cast).
+
+    Every line is checked before any is served, so bad input never yields half an output.
+    Lines are numbered from 1, blank ones counted, as an editor numbers them.
+
+    Raises:
+        FormatError: naming the first bad line, its field, the value and what was expected,
+            and how many other lines are bad.
+    """
+    names = [spec["name"] for spec in inputs]
+    shape = "a JSON object like {" + ", ".join(f'"{n}": ...' for n in names) + "}"
+    rows: list[dict[str, Any]] = []
+    problems: list[str] = []
+    for number, raw in enumerate(data.split(b"\n"), start=1):
+        if not raw.strip():
+            continue
+        try:
+            row = bounded.json_loads(raw)
+        except ValueError as err:
+            # JSONDecodeError's own text says "line 1" of the line: give the column only
+            detail = f"{err.msg} at column {err.colno}" if isinstance(err, JSONDecodeError) else err
+            problems.append(f"line {number}: expected {shape}, found malformed JSON ({detail})")
+            continue
+        if not isinstance(row, dict):
+            problems.append(f"line {number}: expected {shape}, found {describe(row)}")
+            continue
+        absent = [n for n in names if n not in row]
+        bad = [(s["name"], admit(s, row[s["name"]])) for s in inputs if s["name"] in row]
+        if absent:
+            problems.append(f"line {number}: field {absent[0]!r} missing; every line needs {names}")
+        elif any(problem for _, problem in bad):
+            name, problem = next((n, p) for n, p in bad if p)
+            problems.append(f"line {number}: field {name!r}: {problem}")
+        else:
+            rows.append(row)
+    if problems:
+        n = len(problems) - 1
+        more = f" ({n} more bad line{'s' if n > 1 else ''} after it)" if n else ""
+        raise errors.FormatError(
+            f"{where}: {problems[0]}{more}; fix the input and rerun (nothing was predicted)"
+        )
+    return rows
+
+
 def cmd_predict(args: argparse.Namespace) -> int:
+    """Serve JSON lines (``--input`` or stdin) with a verified artifact, one output line each.
+
+    The whole input is read and checked against the artifact's signature before the
+    model runs: a bad line (named by number) fails the command with no output.
+    """
+    data = read_input(args.input)  # a missing file is named before the artifact is loaded
     predictor = load_inference(
         Path(args.artifact), trust_of(args), allow_untrusted=args.allow_untrusted
     )
-    source = open(args.input) if args.input else sys.stdin  # noqa: SIM115 - closed below
-    try:
-        rows = [json.loads(line) for line in source if line.strip()]
-    except json.JSONDecodeError as err:
-        raise errors.FormatError(f"{args.input or 'stdin'}: expected JSON lines ({err})") from err
-    finally:
-        if args.input:
-            source.close()
+    where = f"--input {args.input}" if args.input else "stdin"
+    rows = parse_rows(data, predictor.signature["inputs"], where=where)
     if not rows:
         return 0
-    missing = [n for n in predictor.inputs if any(n not in r for r in rows)]
-    if missing:
-        raise errors.FormatError(
-            f"{args.input or 'stdin'}: every line needs {predictor.inputs}; missing {missing}"
-        )
     out = predictor(**{n: [r[n] for r in rows] for n in predictor.inputs})
     for i, row in enumerate(rows):
         result = {n: row[n] for n in predictor.inputs}

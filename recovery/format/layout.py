@@ -16,6 +16,11 @@ from pathlib import Path
 STEP_PREFIX = "step-"
 TEMP_MARK = ".tmp-"
 ASIDE_MARK = ".aside-"
+TRASH_MARK = ".trash-"
+"""A committed directory being deleted (retention, a replaced best): renamed first, so a
+kill mid-deletion leaves a name discovery ignores, never a half-deleted checkpoint."""
+ABANDONED_DIR = "abandoned"
+"""``<run>/abandoned/<branch>/``: the later checkpoints of a branch the run left."""
 SIGNATURE_FILE = "model.sig"
 STATE_FILE = "state.json"
 CONFIG_FILE = "config.yaml"
@@ -32,7 +37,7 @@ RANK_DIR = "ranks"
 """Distributed checkpoints: each rank's own state (its RNG streams)."""
 
 _COMMITTED = re.compile(r"^step-(\d{8,})$")
-_TEMP = re.compile(r"^step-(\d{8,})\.(tmp|aside)-[0-9a-f]+$")
+_TEMP = re.compile(r"^step-(\d{8,})\.(tmp|aside|trash)-[0-9a-f]+$")
 
 
 def step_dir_name(step: int) -> str:
@@ -48,6 +53,16 @@ def tensor_file(component: str) -> str:
 def temp_dir_for(final: Path) -> Path:
     """A unique temporary directory beside ``final`` (same filesystem, so rename is atomic)."""
     return final.with_name(f"{final.name}{TEMP_MARK}{uuid.uuid4().hex[:12]}")
+
+
+def trash_dir_for(final: Path) -> Path:
+    """Where a committed directory is renamed before it is deleted."""
+    return final.with_name(f"{final.name}{TRASH_MARK}{uuid.uuid4().hex[:12]}")
+
+
+def committed_name(stale: str) -> str:
+    """``step-N`` of a temp, aside or trash name ``step-N.<mark>-<id>``."""
+    return stale.split(".", 1)[0]
 
 
 def aside_dir_for(final: Path) -> Path:

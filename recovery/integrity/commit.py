@@ -11,7 +11,10 @@ directory, which discovery ignores and :func:`remove_stale` deletes.
 If ``<final>`` already exists (a step re-saved after resuming from an earlier
 checkpoint, or a corrupt directory left by a fault), it is first renamed aside,
 then the new directory is renamed in, then the old one is deleted: at no point
-is there a moment without a complete checkpoint of every other step.
+is there a moment without a complete checkpoint of every other step, and a
+kill between the two renames (fault point ``commit-aside-N``) leaves the old
+one aside, which :func:`remove_stale` puts back. A committed directory is
+deleted (:func:`discard`) by renaming it to a trash name first.
 
 Rejected: a ``latest`` pointer file updated after the rename. It is a second
 thing to keep consistent, and a crash between the two leaves it wrong.
@@ -31,7 +34,15 @@ import torch
 from recovery import faults
 from recovery.errors import CommitError
 from recovery.format import manifest, tensorfile
-from recovery.format.layout import SIGNATURE_FILE, aside_dir_for, scan, temp_dir_for
+from recovery.format.layout import (
+    ASIDE_MARK,
+    SIGNATURE_FILE,
+    aside_dir_for,
+    committed_name,
+    scan,
+    temp_dir_for,
+    trash_dir_for,
+)
 from recovery.format.manifest import FileRecord, Manifest
 from recovery.integrity.signing import Signer
 from recovery.progress import bytes_bar
@@ -146,6 +157,7 @@ def commit(
                 "replacing existing %s (moved aside to %s, then deleted)", final, aside.name
             )
             os.rename(final, aside)
+            faults.reach(f"commit-aside-{step}")  # the old aside, the new not yet in place
         os.rename(tmp, final)
         fsync_dir(final.parent)
         if aside is not None:
@@ -164,14 +176,37 @@ def commit(
 
 
 def remove_stale(run_dir: Path) -> list[Path]:
-    """Delete temp and aside directories left by interrupted commits; warn for each.
+    """Delete what interrupted commits and deletions left; warn for each. Returns them.
 
-    Only one process may write checkpoints into a run directory at a time, so
-    any temp directory seen by a starting run is a dead write.
+    Only one process may write checkpoints into a run directory at a time (the
+    caller holds its lock), so any temp directory seen by a starting run is a
+    dead write and any trash directory a deletion that was cut short. An aside
+    directory whose committed name is free is the old checkpoint of a re-save
+    killed between its two renames: it is renamed back, not deleted.
     """
     removed = []
     for path in scan(run_dir).stale:
-        log.warning("removing %s: an interrupted checkpoint write that never committed", path)
+        final = path.with_name(committed_name(path.name))
+        if ASIDE_MARK in path.name and not final.exists():
+            log.warning("restoring %s from %s: a re-save was interrupted", final, path.name)
+            os.rename(path, final)
+            fsync_dir(run_dir)
+            continue
+        log.warning("removing %s: an interrupted checkpoint write or deletion", path)
         shutil.rmtree(path, ignore_errors=True)
         removed.append(path)
     return removed
+
+
+def discard(path: Path, *, fault_point: str | None = None) -> None:
+    """Delete a committed directory: rename it to a trash name (atomic: from then on no
+    reader takes it for a checkpoint), then remove the files; a kill in between leaves
+    only the trash directory, which :func:`remove_stale` finishes."""
+    if not path.exists():
+        return
+    trash = trash_dir_for(path)
+    os.rename(path, trash)
+    fsync_dir(path.parent)
+    if fault_point:
+        faults.reach(fault_point)
+    shutil.rmtree(trash, ignore_errors=True)

@@ -36,10 +36,13 @@ from recovery.errors import (
 )
 from recovery.format import manifest, tensorfile
 from recovery.format.layout import (
+    METRICS_FILE,
     SIGNATURE_FILE,
     TENSOR_SUFFIX,
+    Listing,
     is_uncommitted,
     parse_step,
+    scan,
 )
 from recovery.format.manifest import FileRecord, Manifest
 from recovery.integrity import signing
@@ -97,14 +100,15 @@ def read_manifest(path: Path, trust: TrustStore, *, allow_untrusted: bool = Fals
     No other file is read.
 
     Raises:
-        CheckpointNotFoundError: ``path`` is not a directory.
+        CheckpointNotFoundError: ``path`` is no checkpoint: nothing there, a file, or a run
+            directory (the message says which, and what to pass instead).
         ManifestError: no ``model.sig`` (an uncommitted directory) or a malformed statement.
         SignatureError, UntrustedSignerError: see :func:`recovery.integrity.signing.verify_bundle`.
     """
     if path.is_symlink():
         raise UnsafePathError(f"{path}: is a symlink; expected a checkpoint directory", path=path)
     if not path.is_dir():
-        raise CheckpointNotFoundError(f"{path}: no such checkpoint directory", path=path)
+        raise CheckpointNotFoundError(_not_a_directory(path), path=path)
     file = path / SIGNATURE_FILE
     if is_uncommitted(path.name):
         raise ManifestError(
@@ -115,11 +119,7 @@ def read_manifest(path: Path, trust: TrustStore, *, allow_untrusted: bool = Fals
     try:
         st = os.lstat(file)
     except FileNotFoundError:
-        raise ManifestError(
-            f"{file}: missing. The directory was never committed (or its signature was deleted); "
-            "resume from another checkpoint.",
-            path=file,
-        ) from None
+        raise _unsigned(path) from None
     if not stat.S_ISREG(st.st_mode):
         raise UnsafePathError(
             f"{file}: expected a regular file, found a symlink or special file", path=file
@@ -143,6 +143,58 @@ def read_manifest(path: Path, trust: TrustStore, *, allow_untrusted: bool = Fals
             path=file,
         )
     return mf
+
+
+def _not_a_directory(path: Path) -> str:
+    """Why ``path``, which is no directory, is no checkpoint, and what to pass instead."""
+    if not path.exists():
+        return f"{path}: no such checkpoint directory"
+    found = "a file" if path.is_file() else "not a directory"
+    # a file of a checkpoint (its model.sig, a tensor file): the directory is what was meant
+    inside = f"; pass {path.parent}" if (path.parent / SIGNATURE_FILE).is_file() else ""
+    return (
+        f"{path}: is {found}, not a checkpoint; a checkpoint is a directory (step-NNNNNNNN/ "
+        f"holding {SIGNATURE_FILE} and the files it signs){inside}"
+    )
+
+
+def _unsigned(path: Path) -> CheckpointNotFoundError | ManifestError:
+    """The error for a directory with no ``model.sig``: a run directory, or an uncommitted
+    (or unrelated) directory."""
+    try:
+        listing = scan(path)
+    except OSError:  # unlistable: say what the reader was sure of, that model.sig is absent
+        listing = Listing([], [])
+    journal = (path / METRICS_FILE).is_file()
+    if parse_step(path.name) is None and (listing.committed or journal):
+        held = " and ".join(
+            (["step-* checkpoint directories"] if listing.committed else [])
+            + ([METRICS_FILE] if journal else [])
+        )
+        steps = [step for step, _ in listing.committed]
+        pick = (
+            f"pass one of its step directories ({listing.committed[-1][1]} is the newest), or "
+            if steps
+            else "it holds no committed checkpoint yet; "
+        )
+        return CheckpointNotFoundError(
+            f"{path}: is a run directory (it holds {held}), not a checkpoint; {pick}to resume "
+            f"the configured run use +resume=latest or +resume=<step>"
+            + (f" (committed steps: {steps})" if steps else ""),
+            path=path,
+        )
+    if parse_step(path.name) is not None:
+        return ManifestError(
+            f"{path / SIGNATURE_FILE}: missing. The directory was never committed (or its "
+            "signature was deleted); resume from another checkpoint.",
+            path=path / SIGNATURE_FILE,
+        )
+    return ManifestError(
+        f"{path / SIGNATURE_FILE}: missing; {path} is not a committed checkpoint (a checkpoint "
+        f"directory holds {SIGNATURE_FILE} beside the files it signs). Pass a checkpoint "
+        "directory; if this is one, it was never committed or its signature was deleted.",
+        path=path / SIGNATURE_FILE,
+    )
 
 
 def read_verified(

@@ -1,16 +1,13 @@
 """The checkpoint lifecycle of one run: restore, should-save, snapshot, commit, retain.
 
-The checkpointer owns a run directory and decides: when to save (cadence,
-milestones, preemption), what a save is (a :class:`~recovery.run.job.SaveJob`
-built in one place: statement, files, purpose contract) and what follows a
-commit (the link to it, the best copy, retention, the cost record, DVC). Others
-do: *where* a save runs is the strategy chosen once at construction
-(:mod:`recovery.run.savers`: inline, background writer, the ranks of a job);
-*how* bytes reach the disk is :mod:`recovery.integrity.commit`; *what* the
-state is, :class:`~recovery.state.registry.TrainState`; *what* a difference
-means, :mod:`recovery.run.policy`, :mod:`recovery.provenance`. It keeps the
-run's identity: run id, lineage and the link to the previous artifact. One
-process writes a run directory at a time.
+The checkpointer owns a run directory (one writer at a time) and its identity
+(run id, lineage, the link to the previous artifact), and decides: when to
+save (cadence, milestones, preemption), what a save is (a
+:class:`~recovery.run.job.SaveJob`) and what follows a commit (link, best copy,
+retention, cost record, DVC). *Where* a save runs is :mod:`recovery.run.savers`;
+*how* bytes reach the disk, :mod:`recovery.integrity.commit`; *what* the state
+is, :class:`~recovery.state.registry.TrainState`; a branch,
+:mod:`recovery.run.branches`.
 """
 
 from __future__ import annotations
@@ -36,7 +33,7 @@ from recovery.parallel.world import World
 from recovery.provenance import capture as prov
 from recovery.provenance import lineage, purpose
 from recovery.provenance.purpose import BUILTIN, PurposeSpec
-from recovery.run import cadence, resume, retention, savers
+from recovery.run import branches, cadence, resume, retention, savers
 from recovery.run import job as job_mod
 from recovery.run import restore as begin
 from recovery.run.cadence import Cadence
@@ -168,7 +165,7 @@ class Checkpointer:
                 the newest checkpoint the run committed is gone).
             IncompatibleStateError: it does not fit ``state``; nothing was changed.
         """
-        self._lock = begin.prepare(self.run_dir, self.world)
+        self._lock = begin.prepare(self.run_dir, self.world, self._journal_path())
         try:
             return self._restore(state, resume_spec, init_from)
         except BaseException:
@@ -186,7 +183,11 @@ class Checkpointer:
                 strict=self.cfg.strict_resume,
             )
             if loaded is not None:
-                return self._resume(state, loaded, replaced)
+                step = self._resume(state, loaded, replaced)
+                if resume.parse_spec(resume_spec) != resume.LATEST and self.world.leader:
+                    branches.abandon(self.run_dir, step, self._event)  # a branch from here
+                distributed.barrier()
+                return step
         else:
             begin.refuse_reuse(self.run_dir)
         self.identity, event = begin.new_run(
@@ -279,6 +280,7 @@ class Checkpointer:
             PurposeError: ``state`` lacks what a continuation checkpoint requires.
             CommitError: this (sync) or the previous (async) save failed.
         """
+        retention.check_metric(self.cfg, metrics)  # before the step counts as saved
         final = self.run_dir / step_dir_name(step)
         self.cadence.saved(step)
         waited = self._saver.wait()

@@ -11,6 +11,7 @@ journal's records, so each case is a table test.
 
 from __future__ import annotations
 
+import re
 from collections.abc import Iterable
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -19,6 +20,9 @@ from typing import Any
 from recovery.run import journal
 
 BEGIN_EVENTS = ("start", "warm_start", "resume")
+# where an abandoned branch may be moved: one fixed-form name under abandoned/ (the
+# journal is not signed, so it must not be able to send a checkpoint anywhere else)
+_BRANCH = re.compile(r"^abandoned/from-\d{8,}-\d{8}T\d{6}$")
 """Events that name the run id the process continued as."""
 
 
@@ -32,6 +36,9 @@ class History:
     """Steps of the continuation checkpoints it committed."""
     retired: frozenset[int] = field(default_factory=frozenset)
     """Steps it deleted (retention) or moved aside (an abandoned branch)."""
+    abandoned: dict[int, str] = field(default_factory=dict)
+    """Steps of an abandoned branch not written again since -> where they were moved
+    (relative to the run directory)."""
 
     @property
     def newest(self) -> int | None:
@@ -45,6 +52,7 @@ def from_records(records: Iterable[dict[str, Any]]) -> History:
     run_id: str | None = None
     committed: set[int] = set()
     retired: set[int] = set()
+    abandoned: dict[int, str] = {}
     for rec in records:
         event = rec.get("event")
         if event in BEGIN_EVENTS and isinstance(rec.get("run_id"), str):
@@ -52,9 +60,14 @@ def from_records(records: Iterable[dict[str, Any]]) -> History:
         elif event == "checkpoint" and isinstance(rec.get("step"), int):
             committed.add(rec["step"])
             retired.discard(rec["step"])  # the same step written again (a branch)
-        elif event == "retired":
-            retired.update(s for s in rec.get("steps", []) if isinstance(s, int))
-    return History(run_id, frozenset(committed), frozenset(retired))
+            abandoned.pop(rec["step"], None)
+        elif event in ("retired", "abandoned"):
+            steps = [s for s in rec.get("steps", []) if isinstance(s, int)]
+            retired.update(steps)
+            to = rec.get("to")
+            if event == "abandoned" and isinstance(to, str) and _BRANCH.match(to):
+                abandoned.update(dict.fromkeys(steps, to))
+    return History(run_id, frozenset(committed), frozenset(retired), abandoned)
 
 
 def read(path: Path) -> History:

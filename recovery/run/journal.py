@@ -26,31 +26,40 @@ log = logging.getLogger(__name__)
 
 
 class Journal:
-    """Appends records to a JSON-lines file (``path=None``: discards them, for ranks > 0)."""
+    """Appends records to a JSON-lines file (``path=None``: discards them, for ranks > 0).
+
+    The file (and its directory) is created by the first record, so a run that
+    fails before it records anything leaves nothing behind.
+    """
 
     def __init__(self, path: Path | None) -> None:
         self.path = path
         self._fh: IO[str] | None = None
         self._lock = threading.Lock()  # background saves record their costs too
-        if path is None:
-            return
+        self._closed = False
+
+    def _open(self, path: Path) -> IO[str]:
         path.parent.mkdir(parents=True, exist_ok=True)
         needs_newline = path.exists() and path.stat().st_size > 0 and not _ends_with_newline(path)
-        self._fh = open(path, "a", encoding="utf-8")  # noqa: SIM115 - held open for the run
+        fh = open(path, "a", encoding="utf-8")  # noqa: SIM115 - held open for the run
         if needs_newline:
-            self._fh.write("\n")
+            fh.write("\n")
+        return fh
 
     def write(self, record: dict[str, Any]) -> None:
         """Append one record and flush it to the OS (safe from several threads)."""
-        if self._fh is None:
+        if self.path is None or self._closed:
             return
         line = json.dumps(record, separators=(",", ":")) + "\n"
         with self._lock:
+            if self._fh is None:
+                self._fh = self._open(self.path)
             self._fh.write(line)
             self._fh.flush()
 
     def close(self) -> None:
         with self._lock:
+            self._closed = True
             if self._fh is not None:
                 self._fh.close()
 

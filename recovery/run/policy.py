@@ -7,6 +7,7 @@ checkpointer only wires them to the filesystem.
 from __future__ import annotations
 
 from collections.abc import Iterable
+from typing import Any
 
 
 def should_save(step: int, *, every_steps: int, final_step: int, last_saved: int | None) -> bool:
@@ -103,3 +104,26 @@ def is_better(value: float, best: float | None, *, mode: str) -> bool:
     if best is None:
         return value == value  # a NaN never becomes the best
     return value < best if mode == "min" else value > best
+
+
+def ignored_on_resume(old: dict[str, Any], new: dict[str, Any], fixed: dict[str, str]) -> list[str]:
+    """The config changes a resume cannot honour, one line each.
+
+    Args:
+        old, new: flat configs (dotted key -> value): the checkpoint's and this run's.
+        fixed: dotted key (or a prefix ending in ``.``) -> what restores it from the
+            checkpoint instead (e.g. ``"recipe.optim.lr": "the optimizer's state"``).
+    """
+    lines = []
+    for key in sorted(old.keys() & new.keys()):
+        if old[key] == new[key]:
+            continue
+        why = fixed.get(key) or next(
+            (v for k, v in fixed.items() if k.endswith(".") and key.startswith(k)), None
+        )
+        if why is not None:
+            lines.append(
+                f"{key}={new[key]!r} has no effect on this resume: {why} from the checkpoint "
+                f"keeps {old[key]!r}; start a new run (or +init_from=) to change it"
+            )
+    return lines

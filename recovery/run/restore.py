@@ -25,7 +25,7 @@ from recovery.parallel import world as distributed
 from recovery.parallel.world import World
 from recovery.provenance import capture as prov
 from recovery.provenance import lineage, purpose
-from recovery.run import history, resume, retention
+from recovery.run import branches, history, resume, retention
 from recovery.state.registry import MODEL, TrainState
 
 log = logging.getLogger(__name__)
@@ -44,11 +44,14 @@ class Identity:
     resumed_from: Path | None = None
     resharded: dict[str, Any] | None = None
     """Old and new world size, when a resume changed it."""
+    old_config: dict[str, Any] | None = None
+    """The resumed checkpoint's config (redacted), to tell what this run changed."""
 
 
-def prepare(run_dir: Path, world: World) -> RunLock | None:
+def prepare(run_dir: Path, world: World, journal: Path) -> RunLock | None:
     """Before a run touches its directory: rank 0 creates it, takes the writer's lock, and
-    only then removes the temp directories of dead writes; every rank waits for that.
+    only then removes the temp directories of dead writes and finishes an interrupted
+    move of an abandoned branch (:mod:`recovery.run.branches`); every rank waits for that.
 
     Returns:
         The lock (rank 0), to hold until the run ends.
@@ -62,6 +65,7 @@ def prepare(run_dir: Path, world: World) -> RunLock | None:
         lock = RunLock.acquire(run_dir)
         commit.remove_stale(run_dir)
         retention.tidy_best(run_dir)
+        branches.finish(run_dir, history.read(journal))
     distributed.barrier()
     return lock
 
@@ -184,6 +188,7 @@ def resume_from(
         drift=drift,
         resumed_from=loaded.path,
         resharded=resharded,
+        old_config=old_config,
     )
 
 

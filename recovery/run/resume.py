@@ -14,7 +14,10 @@ bytes, then the artifact's own purpose contract.
 
 from __future__ import annotations
 
+import difflib
 import logging
+import os
+import re
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -62,10 +65,15 @@ class Loaded:
 
 
 def parse_spec(spec: object) -> str | int | Path:
-    """Normalise a ``+resume=`` value: ``"latest"``, a step (int) or a path.
+    """Normalise a ``+resume=`` value: ``"latest"``, ``"best"``, a step (int) or a path.
+
+    A bare word (no ``/``, not starting with ``.`` or ``~``) is a path only if something by
+    that name exists in the working directory: otherwise it is a typo, not a checkpoint to
+    look for.
 
     Raises:
-        ConfigError: an empty or negative value.
+        ConfigError: an empty or negative value, or a bare word that is neither ``latest``,
+            ``best``, a step number nor an existing path (with "did you mean" when close).
     """
     if isinstance(spec, bool) or spec is None:
         raise ConfigError(f"resume: expected latest, a step number or a path, got {spec!r}")
@@ -80,7 +88,24 @@ def parse_spec(spec: object) -> str | int | Path:
         return text
     if text.isdigit():
         return int(text)
+    bare = "/" not in text and os.sep not in text and not text.startswith((".", "~"))
+    if bare and not os.path.lexists(text):
+        raise ConfigError(
+            f"resume: {text!r} is neither latest, a step number nor an existing path (nothing "
+            f"named so in {os.getcwd()}){_did_you_mean(text)} Use +resume=latest, "
+            "+resume=<step> or +resume=<checkpoint directory>."
+        )
     return Path(text)
+
+
+def _did_you_mean(word: str) -> str:
+    """The message's "; did you mean ...?" for a word close to ``latest``, ``best`` or a step
+    directory's name (``step-N``: the step), else its full stop."""
+    named = re.fullmatch(r"step-(\d+)", word)
+    if named:
+        return f"; did you mean +resume={int(named.group(1))}?"
+    close = difflib.get_close_matches(word.lower(), [LATEST, BEST], n=1, cutoff=0.6)
+    return f"; did you mean {close[0]}?" if close else "."
 
 
 def load(path: Path, trust: TrustStore, *, allow_untrusted: bool = False) -> Loaded:

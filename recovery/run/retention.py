@@ -12,10 +12,11 @@ import os
 import shutil
 from collections.abc import Callable
 from pathlib import Path
+from typing import Any
 
 from recovery import faults
 from recovery.config import CheckpointConfig
-from recovery.errors import RecoveryError
+from recovery.errors import ConfigError, RecoveryError
 from recovery.format.layout import BEST_DIR, parse_step, scan, temp_dir_for
 from recovery.format.manifest import Manifest
 from recovery.integrity import commit, reader
@@ -40,7 +41,7 @@ def after_commit(
     Returns:
         The steps retention deleted (the run's journal records them).
     """
-    if cfg.keep_best:
+    if cfg.keep_best and cfg.best_metric is not None:
         keep_best(
             run_dir,
             final,
@@ -56,6 +57,23 @@ def after_commit(
     return [s for s in (parse_step(p.name) for p in doomed) if s is not None]
 
 
+def check_metric(cfg: CheckpointConfig, metrics: dict[str, Any] | None) -> None:
+    """With ``keep_best``, the metric that ranks checkpoints must be among those recorded.
+
+    Raises:
+        ConfigError: ``best_metric`` is unset or not a number this run records.
+    """
+    if not cfg.keep_best:
+        return
+    have = sorted(k for k, v in (metrics or {}).items() if isinstance(v, int | float))
+    if cfg.best_metric not in have:
+        raise ConfigError(
+            f"checkpoint.best_metric={cfg.best_metric}: not a metric this run records "
+            f"(it records {', '.join(have) or 'none'}); set checkpoint.best_metric= one of "
+            "them, or checkpoint.keep_best=false"
+        )
+
+
 def tidy_best(run_dir: Path) -> list[Path]:
     """At a writer's start: remove what an interrupted best copy left under ``<run>/best``
     (its temp directory, and a superseded best the kill did not let it delete).
@@ -69,7 +87,7 @@ def tidy_best(run_dir: Path) -> list[Path]:
     removed = commit.remove_stale(best_dir)
     for _, old in scan(best_dir).committed[:-1]:
         log.warning("removing %s: a best checkpoint superseded by a newer one", old)
-        shutil.rmtree(old, ignore_errors=True)
+        commit.discard(old)
         removed.append(old)
     return removed
 
@@ -92,7 +110,7 @@ def retain(
     for step in doomed:
         log.info("retention: removing %s", paths[step])
         if retire is None:
-            shutil.rmtree(paths[step], ignore_errors=True)
+            commit.discard(paths[step], fault_point=f"retire-{step}")
         else:
             retire(paths[step])
     return [paths[step] for step in doomed]
@@ -146,7 +164,7 @@ def keep_best(
     faults.reach(f"best-swap-{mf.step}")  # both committed, the old not yet removed
     for old in current:
         if old.name != final.name:
-            shutil.rmtree(old, ignore_errors=True)
+            commit.discard(old)
     commit.fsync_dir(best_dir)
     log.info("best checkpoint: %s (%s %s %.6g)", final.name, metric, mode, float(value))
     return True

@@ -27,7 +27,6 @@ import json
 import logging
 import os
 import queue
-import shutil
 import threading
 import time
 import warnings
@@ -41,6 +40,7 @@ from recovery import faults
 from recovery.errors import ConfigError, TrackingError
 from recovery.format import bounded
 from recovery.format.layout import parse_step
+from recovery.integrity import commit
 
 log = logging.getLogger(__name__)
 
@@ -309,7 +309,7 @@ class Publisher:
             kind, ckpt = job
             try:
                 if kind == "retire":
-                    shutil.rmtree(ckpt, ignore_errors=True)
+                    commit.discard(ckpt, fault_point=f"retire-{parse_step(ckpt.name)}")
                     untrack(ckpt)
                 else:
                     self._publish(ckpt)
@@ -332,6 +332,8 @@ class Publisher:
                 register(self.root, [ckpt])
                 record(ckpt.parent, ckpt.name, registered=True)
                 if self.push:
+                    if step is not None and attempt == 0:
+                        faults.reach(f"dvc-push-{step}")
                     push(self.root, [ckpt], remote=self.remote)
                     record(ckpt.parent, ckpt.name, registered=True, pushed=True)
                 log.info("DVC: %s %s", "registered and pushed" if self.push else "registered", ckpt)

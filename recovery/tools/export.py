@@ -26,6 +26,9 @@ owns the format, the signing, the lineage and the verifying loader.
 from __future__ import annotations
 
 import io
+import json
+import math
+import numbers
 import zipfile
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
@@ -57,6 +60,49 @@ TOLERANCE: dict[str, tuple[float, float, float]] = {
     "bfloat16": (5e-2, 2e-2, 2e-2),
     "float16": (5e-3, 5e-3, 5e-3),
 }
+# the raw values an input of each dtype its signature declares admits (see admit)
+INT_RANGES: dict[str, tuple[int, int]] = {
+    f"int{bits}": (-(2 ** (bits - 1)), 2 ** (bits - 1) - 1) for bits in (8, 16, 32, 64)
+} | {"uint8": (0, 255)}
+FLOAT_INPUTS = ("float64", "float32", "bfloat16", "float16")
+# a raw value's type, in the words of the JSON it came from
+KINDS = dict(bool="a boolean", int="an integer", float="a float", str="a string", list="a list")
+KINDS |= {"tuple": "a list", "dict": "an object", "NoneType": "null"}
+
+
+def describe(value: Any) -> str:
+    """A raw value as its JSON, cut to 40 characters, and its kind: ``2144173.5 (a float)``."""
+    shown = json.dumps(value, default=str)
+    shown = shown if len(shown) <= 40 else shown[:37] + "..."
+    kind = KINDS.get(type(value).__name__, type(value).__name__)
+    return shown if kind == shown else f"{shown} ({kind})"
+
+
+def admit(spec: Mapping[str, Any], value: Any) -> str | None:
+    """Why ``value`` cannot be one element of the input ``spec`` declares, or ``None`` if it can.
+
+    Nothing is cast: an integer input (``int64``, ...) takes an integer (numpy's
+    too) within its dtype's range, never a float (``5.0`` included) or a boolean;
+    a float input takes a finite real number, never a boolean; a ``bool`` input
+    takes a boolean. One value per element: a list, string or null is refused.
+    """
+    dtype = str(spec.get("dtype"))
+    found = f"found {describe(value)}"
+    is_bool = isinstance(value, bool) or type(value).__name__ == "bool_"
+    if dtype in INT_RANGES:
+        low, high = INT_RANGES[dtype]
+        if not isinstance(value, numbers.Integral) or is_bool:
+            return f"expected an integer ({dtype}), {found}"
+        if not low <= int(value) <= high:
+            return f"expected an integer in {dtype}'s range {low}..{high}, {found}"
+        return None
+    if dtype in FLOAT_INPUTS:
+        if not isinstance(value, numbers.Real) or is_bool or not math.isfinite(value):
+            return f"expected a finite number ({dtype}), {found}"
+        return None
+    if dtype == "bool":
+        return None if is_bool else f"expected true or false (bool), {found}"
+    return f"the signature declares dtype {dtype!r}, which no raw input can be given as"
 
 
 @dataclass
@@ -176,6 +222,8 @@ class Predictor:
     """A verified inference artifact, callable on raw inputs.
 
     ``predictor(user_id=[...], item_id=[...])`` returns ``{output name: tensor}``.
+    Raw values are checked with :func:`admit` first (nothing is cast; a bad one
+    raises :class:`FormatError` naming the input and its index).
     """
 
     def __init__(self, path: Path, program: torch.nn.Module, signature: dict[str, Any]) -> None:
@@ -193,13 +241,22 @@ class Predictor:
             )
         args = []
         for spec in self.signature["inputs"]:
-            value = inputs[spec["name"]]
+            name, value = spec["name"], inputs[spec["name"]]
             dtype = getattr(torch, spec["dtype"])
-            args.append(
-                value.to(dtype)
-                if isinstance(value, torch.Tensor)
-                else torch.tensor(value, dtype=dtype)
-            )
+            if isinstance(value, torch.Tensor):
+                # a float tensor into an integer input would be truncated: no silent cast
+                if value.dtype.is_floating_point and not dtype.is_floating_point:
+                    raise FormatError(
+                        f"{self.path}: input {name}: expected a tensor of {spec['dtype']}, "
+                        f"found {value.dtype}; a float is never cast to an integer input"
+                    )
+                args.append(value.to(dtype))
+                continue
+            for i, element in enumerate(value):
+                problem = admit(spec, element)
+                if problem is not None:
+                    raise FormatError(f"{self.path}: input {name}[{i}]: {problem}")
+            args.append(torch.tensor(value, dtype=dtype))
         with torch.no_grad():
             result = self.program(*args)
         values = result if isinstance(result, tuple | list) else (result,)

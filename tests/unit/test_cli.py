@@ -148,18 +148,18 @@ def test_inspect_and_ls(tmp_path, capsys, signer):
     ]
     assert len(info["parameters_sha256"]) == 64
     assert {f["name"] for f in info["files"]} >= {"model.safetensors", "state.json"}
-    assert cli.main(["ls", str(tmp_path), "--json", *trusted(signer)]) == 0
+    assert cli.main(["ls", str(tmp_path), "--json", *trusted(signer)]) == 8  # step 4 truncated
     rows = json.loads(capsys.readouterr().out)["checkpoints"]
     assert [(r["step"], r["verified"], r["status"]) for r in rows] == [
         (2, True, "ok"),
         (4, False, "TruncatedFileError"),
         (None, False, "partial"),
     ]
-    assert cli.main(["ls", str(tmp_path), *trusted(signer)]) == 0
+    assert cli.main(["ls", str(tmp_path), *trusted(signer)]) == 8
     out = capsys.readouterr().out
     assert "partial" in out and signer.key_id[:12] in out and "trusted" in out
-    assert cli.main(["ls", str(tmp_path)]) == 0  # without the key: listed, not verified
-    assert "UntrustedSignerError" in capsys.readouterr().out
+    assert cli.main(["ls", str(tmp_path)]) == 17  # without the key: listed, not verified
+    assert f"UNTRUSTED key {signer.key_id[:12]}" in capsys.readouterr().out
 
 
 def test_parameters_digest_tracks_values():

@@ -59,3 +59,34 @@ def test_files_are_fsynced_and_hash_matches(tmp_path, signer, trust):
 
     assert rec.sha256 == hashlib.sha256(b"x" * (commit.CHUNK * 2 + 3)).hexdigest()
     assert rec.size == os.path.getsize(tmp_path / "f")
+
+
+def test_an_aside_whose_step_is_gone_is_put_back_not_deleted(tmp_path, signer, trust):
+    # a re-save killed between its renames (commit-aside-N): the old copy is aside, the
+    # new one a temp dir; the start of the next writer must keep the old committed one
+    commit_state(tmp_path, tiny_state(), 2, signer)
+    final = tmp_path / step_dir_name(2)
+    os.rename(final, tmp_path / f"{final.name}.aside-0123456789ab")
+    (tmp_path / f"{final.name}.tmp-0123456789ab").mkdir()
+    commit.remove_stale(tmp_path)
+    assert [p.name for p in tmp_path.iterdir()] == [final.name]
+    assert reader.read_manifest(final, trust).step == 2
+
+
+def test_an_aside_beside_its_committed_step_is_deleted(tmp_path, signer, trust):
+    commit_state(tmp_path, tiny_state(), 2, signer)
+    (tmp_path / f"{step_dir_name(2)}.aside-0123456789ab").mkdir()
+    assert len(commit.remove_stale(tmp_path)) == 1
+    assert [p.name for p in tmp_path.iterdir()] == [step_dir_name(2)]
+
+
+def test_discard_renames_before_deleting(tmp_path, signer, monkeypatch):
+    commit_state(tmp_path, tiny_state(), 2, signer)
+    final = tmp_path / step_dir_name(2)
+    seen = []
+    # the fault point is where a kill lands: by then no committed name is left
+    monkeypatch.setattr(commit.faults, "reach", lambda p: seen.append((p, scan(tmp_path))))
+    commit.discard(final, fault_point="retire-2")
+    (point, listing) = seen[0]
+    assert point == "retire-2" and listing.committed == [] and len(listing.stale) == 1
+    assert list(tmp_path.iterdir()) == []

@@ -109,3 +109,49 @@ def test_another_runs_checkpoint_named_explicitly_is_continued_and_recorded(tmp_
     assert ck.run_id == other.run_id
     (event,) = [r for r in read(tmp_path / "run" / "metrics.jsonl") if r.get("event") == "resume"]
     assert event["replaced_run"] != other.run_id and event["run_id"] == other.run_id
+
+
+@pytest.mark.parametrize(
+    ("records", "abandoned", "newest"),
+    [
+        (  # a branch at 4 abandoned 6 and 8: they are retired, and where they went is known
+            [
+                *({"event": "checkpoint", "step": s} for s in (4, 6, 8)),
+                {
+                    "event": "abandoned",
+                    "steps": [6, 8],
+                    "to": "abandoned/from-00000004-20261201T000000",
+                },
+            ],
+            {
+                6: "abandoned/from-00000004-20261201T000000",
+                8: "abandoned/from-00000004-20261201T000000",
+            },
+            4,
+        ),
+        (  # the branch writes 6 again: that one is the run's, no longer abandoned
+            [
+                *({"event": "checkpoint", "step": s} for s in (4, 6, 8)),
+                {
+                    "event": "abandoned",
+                    "steps": [6, 8],
+                    "to": "abandoned/from-00000004-20261201T000000",
+                },
+                {"event": "checkpoint", "step": 6},
+            ],
+            {8: "abandoned/from-00000004-20261201T000000"},
+            6,
+        ),
+        (  # the journal is not signed: a destination outside abandoned/ is never taken
+            [
+                {"event": "checkpoint", "step": 6},
+                {"event": "abandoned", "steps": [6], "to": "../../elsewhere"},
+            ],
+            {},
+            None,
+        ),
+    ],
+)
+def test_abandoned_branches_in_the_history(records, abandoned, newest):
+    h = history.from_records(records)
+    assert (h.abandoned, h.newest) == (abandoned, newest)

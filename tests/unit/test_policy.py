@@ -4,6 +4,7 @@ from recovery.config import parse_duration
 from recovery.run.policy import (
     auto_interval,
     due,
+    ignored_on_resume,
     is_better,
     plan,
     should_save,
@@ -128,3 +129,26 @@ def test_due(step, now, every_steps, every_seconds, last_step, last_time, expect
 )
 def test_is_better(value, best, mode, expected):
     assert is_better(value, best, mode=mode) is expected
+
+
+FIXED = {"recipe.optim.lr": "the optimizer's state", "recipe.frozen.": "the model"}
+
+
+@pytest.mark.parametrize(
+    ("old", "new", "ignored"),
+    [
+        ({"recipe.optim.lr": 0.01}, {"recipe.optim.lr": 0.01}, []),
+        ({"recipe.optim.lr": 0.01}, {"recipe.optim.lr": 0.5}, ["recipe.optim.lr=0.5"]),
+        ({"train.steps": 10}, {"train.steps": 20}, []),  # takes effect: not fixed
+        (
+            {"recipe.frozen.a": 1, "recipe.frozen.b": 2},
+            {"recipe.frozen.a": 1, "recipe.frozen.b": 3},
+            ["recipe.frozen.b=3"],
+        ),
+        ({"recipe.optim.lr": 0.01}, {}, []),  # removed keys: drift's business
+    ],
+)
+def test_ignored_on_resume(old, new, ignored):
+    lines = ignored_on_resume(old, new, FIXED)
+    assert [line.split(" ", 1)[0] for line in lines] == ignored
+    assert all("has no effect on this resume" in line for line in lines)

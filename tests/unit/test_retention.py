@@ -114,3 +114,27 @@ def test_a_kill_during_the_best_copy_always_leaves_one_committed_best(
     retention.tidy_best(run_dir)  # what a starting writer does
     listing = scan(run_dir / BEST_DIR)
     assert [s for s, _ in listing.committed] == [best_after] and not listing.stale
+
+
+@pytest.mark.parametrize(
+    ("keep_best", "metric", "metrics", "refused"),
+    [
+        (False, None, None, False),
+        (True, "val_loss", {"loss": 1.0, "val_loss": 0.5}, False),
+        (True, "val_logloss", {"loss": 1.0, "val_loss": 0.5}, True),
+        (True, "val_loss", None, True),
+        (True, "name", {"name": "not a number"}, True),
+    ],
+)
+def test_an_unknown_best_metric_is_refused_naming_those_recorded(
+    keep_best, metric, metrics, refused
+):
+    from recovery.config import CheckpointConfig
+    from recovery.errors import ConfigError
+
+    cfg = CheckpointConfig(keep_best=keep_best, best_metric=metric)
+    if not refused:
+        retention.check_metric(cfg, metrics)
+        return
+    with pytest.raises(ConfigError, match=r"checkpoint\.best_metric=.*it records"):
+        retention.check_metric(cfg, metrics)
