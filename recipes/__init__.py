@@ -8,6 +8,7 @@ from __future__ import annotations
 import contextlib
 import logging
 from collections.abc import Callable
+from pathlib import Path
 
 from omegaconf import DictConfig
 
@@ -21,7 +22,7 @@ from recovery.config import (
     TrainConfig,
     typed,
 )
-from recovery.errors import ConfigError
+from recovery.errors import ConfigError, RecoveryError, StorageError
 
 
 def _embedding(cfg: DictConfig) -> int:
@@ -81,6 +82,17 @@ def run(cfg: DictConfig) -> int:
             raise ConfigError(f"recipe={name}: unknown recipe; choose one of {sorted(RECIPES)}")
         validate(cfg)
         return RECIPES[name](cfg)
+    except OSError as err:
+        _discard_job_dir()
+        if isinstance(err, RecoveryError):
+            raise
+        # the storage failed under the run (its directory deleted, the disk full): one line
+        raise StorageError(
+            f"{err.filename or 'the checkpoint root'}: {err.strerror or err}; committed "
+            "checkpoints are intact. Free space or restore the directory, then requeue with "
+            "+resume=latest",
+            path=Path(err.filename) if isinstance(err.filename, str) else None,
+        ) from err
     except Exception:
         _discard_job_dir()
         raise
@@ -90,7 +102,6 @@ def _discard_job_dir() -> None:
     """Remove this Hydra job's output directory (and the run directory, if that leaves it
     empty) when the run directory holds nothing else: no journal, lock or checkpoint."""
     import shutil
-    from pathlib import Path
 
     from hydra.core.hydra_config import HydraConfig
 
@@ -99,7 +110,10 @@ def _discard_job_dir() -> None:
     job_dir = Path(HydraConfig.get().runtime.output_dir)
     logs = job_dir.parent
     run_dir = logs.parent
-    if logs.name != "hydra" or any(p != logs for p in run_dir.iterdir()):
+    try:
+        if logs.name != "hydra" or any(p != logs for p in run_dir.iterdir()):
+            return
+    except OSError:  # the run directory itself is gone or unreadable: nothing to tidy
         return
     logging.shutdown()  # Hydra's file handler holds the job's log open
     shutil.rmtree(job_dir, ignore_errors=True)

@@ -84,6 +84,10 @@ class VerificationError(RecoveryError, ValueError):
     """A checkpoint's bytes do not match what its manifest says was committed."""
 
 
+class UnreadableFileError(VerificationError):
+    """A checkpoint's file or directory exists but cannot be read (permissions, I/O error)."""
+
+
 class ManifestError(VerificationError):
     """The manifest is missing (an uncommitted directory), unreadable or malformed."""
 
@@ -193,6 +197,11 @@ class Preempted(RecoveryError):
         super().__init__(message, path=path)
         self.step = step
         self.signal_name = signal_name
+
+
+class StorageError(RecoveryError, OSError):
+    """The checkpoint root or run directory cannot be created, written or read: read-only,
+    permissions, deleted while the run was writing it, or a full disk."""
 
 
 class TrackingError(RecoveryError, OSError):

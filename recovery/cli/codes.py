@@ -15,6 +15,7 @@ EXIT_CODES: list[tuple[type[BaseException], int, str]] = [
     (errors.ExtraFileError, 7, "an unlisted file is present"),
     (errors.TruncatedFileError, 8, "a file has the wrong size"),
     (errors.DigestMismatchError, 9, "a file's sha256 does not match"),
+    (errors.UnreadableFileError, 27, "a checkpoint file cannot be read (permissions, I/O)"),
     (errors.SignatureError, 16, "signature bundle malformed or signature invalid"),
     (errors.UntrustedSignerError, 17, "signer not in the trust store"),
     (errors.ForeignCheckpointError, 24, "a checkpoint of another run in this run's directory"),
@@ -37,6 +38,11 @@ EXIT_CODES: list[tuple[type[BaseException], int, str]] = [
     (errors.RunDirInUseError, 13, "fresh run into a run directory with checkpoints"),
     (errors.RunDirLockedError, 26, "another process is writing this run directory"),
     (errors.CommitError, 14, "checkpoint could not be committed"),
+    (
+        errors.StorageError,
+        28,
+        "checkpoint root or run directory not writable, deleted, or the disk is full",
+    ),
     (errors.RecoveryError, 1, "other recovery error"),
 ]
 

@@ -42,6 +42,9 @@ def cmd_drill(args: argparse.Namespace) -> int:
         atol=judged.atol,
         rtol=judged.rtol,
         dvc=args.dvc,
+        keep_last=ck.keep_last,
+        keep_every=ck.keep_every,
+        keep_best=ck.keep_best,
     )
     report = drill.run(
         plan,
@@ -84,7 +87,7 @@ def register(sub: Any) -> None:
     p.add_argument(
         "--dvc",
         action="store_true",
-        help="drill in a throwaway git+DVC repository, pushing, with kills during registration",
+        help="drill in a throwaway git+DVC repository, pushing, one kill on its publisher",
     )
     p.set_defaults(func=cmd_drill)
     add_trust_flags(p)

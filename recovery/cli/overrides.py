@@ -10,6 +10,7 @@ from the composed config itself, the key or option that was probably meant.
 
 from __future__ import annotations
 
+import tempfile
 from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
@@ -22,7 +23,9 @@ from recovery.config import did_you_mean
 _HYDRA_OPTIONS = ("--config-name", "-cn", "--config-path", "-cp", "--config-dir", "-cd")
 
 
-def compose(command: str, overrides: Sequence[str], *, conf: Path | None = None) -> Any:
+def compose(
+    command: str, overrides: Sequence[str], *, conf: Path | None = None, hydra: bool = False
+) -> Any:
     """The project's config (``conf``, default ``./conf``) with ``overrides``, composed with
     Hydra's compose API.
 
@@ -47,7 +50,9 @@ def compose(command: str, overrides: Sequence[str], *, conf: Path | None = None)
         )
     with initialize_config_dir(config_dir=str(conf.resolve()), version_base=None):
         try:
-            return hydra_compose(config_name="config", overrides=list(overrides))
+            return hydra_compose(
+                config_name="config", overrides=list(overrides), return_hydra_config=hydra
+            )
         except HydraException as err:
             raise explain(err, list(overrides), conf, hydra_compose) from None
 
@@ -60,13 +65,44 @@ def preflight(script: str, argv: Sequence[str], conf: Path) -> None:
     overrides are left to Hydra, and a command line that picks another config
     (``--config-name``…) is not checked at all.
 
+    It also checks that the directory Hydra will create for the job's log
+    (``hydra.run.dir``) can be created, so a read-only checkpoint root is one
+    line too, not Hydra's traceback.
+
     Raises:
         ConfigError: as :func:`compose`.
+        StorageError: the job's directory cannot be created.
     """
     if any(a.split("=", 1)[0] in _HYDRA_OPTIONS for a in argv):
         return
     plain = [a for a in argv if not a.startswith("-") and not a.lstrip("+~").startswith("hydra")]
-    compose(script, plain, conf=conf)
+    cfg = compose(script, plain, conf=conf, hydra=True)
+    from omegaconf import OmegaConf
+
+    job_dir = OmegaConf.select(cfg, "hydra.run.dir", default=None)
+    if job_dir is not None:
+        writable(Path(str(job_dir)))
+
+
+def writable(directory: Path) -> None:
+    """Whether ``directory`` can be created (or written, if it exists), tried for real: a
+    temporary directory is made and removed in its nearest existing ancestor.
+
+    Raises:
+        StorageError: naming the directory that refused, and why.
+    """
+    ancestor = directory.absolute()
+    while not ancestor.exists() and ancestor != ancestor.parent:
+        ancestor = ancestor.parent
+    try:
+        Path(tempfile.mkdtemp(prefix=".recovery-probe-", dir=ancestor)).rmdir()
+    except OSError as err:
+        raise errors.StorageError(
+            f"{ancestor}: cannot create {directory} there ({err.strerror or err}); the "
+            "checkpoint root and run directory must be writable: fix the permissions or "
+            "choose another checkpoint.root=",
+            path=ancestor,
+        ) from None
 
 
 def explain(err: Exception, overrides: list[str], conf: Path, hydra_compose: Any) -> Exception:

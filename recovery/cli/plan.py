@@ -19,15 +19,17 @@ def cmd_plan(args: argparse.Namespace) -> int:
     except ValueError as err:
         raise errors.ConfigError(f"plan: {err}") from None
     best = policy.young_daly(cost, mtbf)
-    rows = policy.plan(cost, mtbf, sorted({*intervals, best}))
+    rows = policy.plan(cost, mtbf, sorted({*intervals, best}), async_save=args.async_save)
     optimum = min(rows, key=lambda r: r["total_per_day_s"])
     for row in rows:
         row["optimum"] = row is optimum
         row["young_daly"] = row["interval_s"] == best
     header = (
         f"checkpoint cost C = {_dur(cost)}, MTBF = {_dur(mtbf)}; "
-        f"Young/Daly optimum sqrt(2*C*MTBF) = {_dur(best)}\n"
-        f"{'interval':>10}  {'lost/failure':>12}  {'ckpt cost/day':>13}  "
+        f"Young/Daly optimum sqrt(2*C*MTBF) = {_dur(best)}; "
+        f"{'async' if args.async_save else 'synchronous'} saves lose at most "
+        f"{policy.max_loss_intervals(args.async_save)} interval(s) per failure\n"
+        f"{'interval':>10}  {'lost/failure':>12}  {'worst':>8}  {'ckpt cost/day':>13}  "
         f"{'failure loss/day':>16}  {'total/day':>10}"
     )
     lines = [header]
@@ -35,6 +37,7 @@ def cmd_plan(args: argparse.Namespace) -> int:
         mark = "  <- optimum" if r["optimum"] else ""
         lines.append(
             f"{_dur(r['interval_s']):>10}  {_dur(r['loss_per_failure_s']):>12}  "
+            f"{_dur(r['worst_loss_per_failure_s']):>8}  "
             f"{_dur(r['checkpoint_cost_per_day_s']):>13}  {_dur(r['failure_loss_per_day_s']):>16}  "
             f"{_dur(r['total_per_day_s']):>10}{mark}"
         )
@@ -62,5 +65,11 @@ def register(sub: Any) -> None:
         "--intervals",
         default="5m,10m,30m,1h,2h,4h,8h",
         help="comma-separated intervals to compare (the optimum is always added)",
+    )
+    p.add_argument(
+        "--async",
+        dest="async_save",
+        action="store_true",
+        help="saves are asynchronous (checkpoint.async=true): one failure may lose two intervals",
     )
     p.set_defaults(func=cmd_plan)

@@ -1,7 +1,8 @@
-"""The reading commands: ``ls``, ``verify``, ``inspect``, ``audit``. They never write.
+"""The reading commands of one checkpoint: ``verify``, ``inspect``, ``audit``. They never write.
 
-Each verifies before it shows anything: a listing row, an inspection or an
-audit link is what the verified bytes say, never what a file claims.
+Each verifies before it shows anything: an inspection or an audit link is what
+the verified bytes say, never what a file claims (``ls``, a run's table, is in
+:mod:`recovery.cli.listing`).
 """
 
 from __future__ import annotations
@@ -12,8 +13,7 @@ import sys
 from pathlib import Path
 from typing import Any
 
-from recovery import errors
-from recovery.cli.codes import EXIT_CODES, exit_code
+from recovery.cli.codes import exit_code
 from recovery.cli.common import (
     add_trust_flags,
     emit,
@@ -23,10 +23,7 @@ from recovery.cli.common import (
     signer_text,
     trust_of,
 )
-from recovery.format.layout import scan
-from recovery.run import resume
 from recovery.state.registry import MODEL
-from recovery.storage import tracking
 from recovery.tools import audit
 
 
@@ -97,132 +94,15 @@ def cmd_inspect(args: argparse.Namespace) -> int:
     return 0
 
 
-def human_size(n: int) -> str:
-    """``512 B``, ``12.3 MiB``: bytes in binary units (up to TiB), one decimal."""
-    power = min(4, max(0, (n.bit_length() - 1) // 10))  # the largest 1024**power <= n
-    return f"{n} B" if power == 0 else f"{n / 1024**power:.1f} {'BKMGT'[power]}iB"
-
-
-# what each failure reads as in the status column (a class not here: its exit-code text)
-VERDICTS: dict[type[errors.RecoveryError], str] = {
-    errors.UntrustedSignerError: "UNTRUSTED key {key}",
-    errors.ForeignCheckpointError: "FOREIGN: written by run {run}",
-    errors.DigestMismatchError: "DAMAGED: sha256 mismatch in {file}",
-    errors.TruncatedFileError: "DAMAGED: wrong size of {file}",
-    errors.MissingFileError: "DAMAGED: {file} missing",
-    errors.ExtraFileError: "DAMAGED: unlisted {file}",
-    errors.UnsafePathError: "UNSAFE: symlink or escaping path {file}",
-    errors.ManifestError: "DAMAGED: manifest missing or malformed ({file})",
-    errors.SignatureError: "BAD SIGNATURE: {file}",
-    errors.FormatError: "UNDECODABLE: {file}",
-    errors.PurposeError: "INCOMPLETE: lacks what its purpose requires",
-}
-
-
-def verdict(err: errors.RecoveryError, ckpt: Path) -> str:
-    """The status column of a checkpoint that failed: what failed, and in which file."""
-    file = err.path if err.path is not None and err.path != ckpt else Path(ckpt.name)
-    if file.is_relative_to(ckpt):
-        file = file.relative_to(ckpt)
-    for cls in type(err).__mro__:
-        if cls in VERDICTS:
-            key, run = getattr(err, "key_id", "")[:12], getattr(err, "run_id", "")[:8]
-            return VERDICTS[cls].format(file=file.as_posix(), key=key, run=run)
-    return "FAILED: " + next(what for cls, _, what in EXIT_CODES if isinstance(err, cls))
-
-
-def ls_row(path: Path, args: argparse.Namespace, trust: Any) -> dict[str, Any]:
-    """One committed checkpoint, verified; a failure's error is kept under ``exception``."""
-    row: dict[str, Any] = {"path": str(path), "purpose": None, "size": 0}
-    try:
-        loaded = resume.load(path, trust, allow_untrusted=args.allow_untrusted)
-    except errors.RecoveryError as err:
-        # status stays the class name (what scripts match on); summary is the table's text
-        row.update(verified=False, status=type(err).__name__, summary=verdict(err, path))
-        row.update(error=str(err), exit_code=exit_code(err), exception=err)
-        if isinstance(err, errors.UntrustedSignerError):
-            row["key_id"] = err.key_id
-        return row
-    metrics = loaded.decoded.meta.get("metrics", {})
-    row.update(purpose=loaded.manifest.purpose, verified=True, status="ok", summary="ok")
-    row.update(size=sum(r.size for r in loaded.manifest.files), loss=metrics.get("loss"))
-    row["signer"] = signer_of(loaded)
-    return row
-
-
-def columns(table: list[list[str]], right: tuple[int, ...]) -> str:
-    """Each column padded to its widest cell (``right`` ones right-aligned), the last as is."""
-    widths = [max(len(line[i]) for line in table) for i in range(len(table[0]) - 1)]
-    pad = [str.rjust if i in right else str.ljust for i in range(len(widths))]
-    return "\n".join(
-        "  ".join([*(pad[i](c, widths[i]) for i, c in enumerate(line[:-1])), line[-1]])
-        for line in table
-    )
-
-
-def cmd_ls(args: argparse.Namespace) -> int:
-    """List a run's checkpoints, each verified; exit with the first failure's code.
-
-    A partial write (an uncommitted temp directory) and a ``remote-only``
-    checkpoint (a ``.dvc`` file whose directory is not here) are listed, not
-    failures. The DVC column is shown only when the run directory is in a DVC
-    repository or holds DVC files or tracking records (``--json`` always has it).
-    """
-    run_dir = Path(args.run_dir)
-    if not run_dir.is_dir():
-        raise errors.CheckpointNotFoundError(f"{run_dir}: no such run directory", path=run_dir)
-    listing, trust = scan(run_dir), trust_of(args)
-    dvc_state, tracked = tracking.status(run_dir), tracking.tracked_steps(run_dir)
-    in_repo = tracking.find_repo(run_dir) is not None
-    dvc_on = in_repo or bool(dvc_state) or bool(tracked)
-    rows: list[dict[str, Any]] = []
-    pending = "pending" if in_repo else "-"
-    for step, path in listing.committed:
-        st = dvc_state.get(path.name, tracking.Status())
-        dvc = "pushed" if st.pushed else "registered" if st.registered else pending
-        rows.append({"step": step, **ls_row(path, args, trust), "dvc": dvc})
-    partial = {"verified": False, "status": "partial", "summary": "partial: interrupted, unused"}
-    rows += [{"step": None, "path": str(path), **partial} for path in listing.stale]
-    remote = {"verified": False, "status": "remote-only", "dvc": "registered"}
-    remote["summary"] = "remote-only: not on disk; `dvc pull` fetches it"
-    on_disk = {step for step, _ in listing.committed}
-    rows += [
-        {"step": step, "path": str(path), **remote}
-        for step, path in sorted(tracked.items())
-        if step not in on_disk
-    ]
-    failed = [row.pop("exception") for row in rows if "exception" in row]
-    head = ["step", "name", "purpose", "size", "verified", "signer", "dvc", "status"]
-    table = [head] + [
-        [
-            "-" if r["step"] is None else str(r["step"]),
-            Path(r["path"]).name,
-            r.get("purpose") or "-",
-            human_size(r["size"]) if r["verified"] else "-",
-            "yes" if r["verified"] else "NO",
-            signer_text(r["signer"]) if r.get("signer") else "-",
-            r.get("dvc", "-"),
-            r["summary"],
-        ]
-        for r in rows
-    ]
-    if not dvc_on:
-        table = [line[:6] + line[7:] for line in table]
-    data = {"run_dir": str(run_dir), "dvc_in_use": dvc_on, "checkpoints": rows}
-    emit(args, data, columns(table, right=(0, 3)))
-    if not failed:
-        return 0
-    print(
-        f"error: {len(failed)} of {len(listing.committed)} checkpoints failed verification; "
-        f"the first: {failed[0]}",
-        file=sys.stderr,
-    )
-    return exit_code(failed[0])
-
-
 def audit_text(report: audit.Report) -> str:
-    """One line per link, newest first."""
+    """One line per link, newest first; a target or link in a run's ``abandoned/<branch>/``
+    says so (the target on its own line under the first)."""
     out = [f"audit of {report.path}"]
+    if report.abandoned:
+        out.append(
+            f"  a checkpoint of abandoned branch {report.abandoned['branch']}, moved out of "
+            f"{report.abandoned['run_dir']} when the run resumed from an earlier step"
+        )
     marks = {audit.OK: "[ok]    ", audit.PRUNED: "[pruned]", audit.FAILED: "[FAILED]"}
     for i, link in enumerate(report.links):
         arrow = "" if i == 0 else f"<- {link.relation}: "
@@ -248,6 +128,8 @@ def audit_text(report: audit.Report) -> str:
             parts.append(
                 f"not on disk (deleted by retention), recorded sha256 {str(link.sha256)[:16]}"
             )
+        if link.abandoned:
+            parts.append(f"abandoned branch {link.abandoned['branch']}")
         if link.resharded:
             parts.append(
                 f"resharded {link.resharded.get('from')}->{link.resharded.get('to')} ranks"
@@ -288,11 +170,7 @@ def cmd_audit(args: argparse.Namespace) -> int:
 
 
 def register(sub: Any) -> None:
-    """Add ``ls``, ``verify``, ``inspect`` and ``audit`` to the subcommands."""
-    p = sub.add_parser("ls", help="table of a run's checkpoints, each verified, with signer")
-    p.add_argument("run_dir", help="<checkpoint.root>/<run.name>")
-    p.set_defaults(func=cmd_ls)
-    add_trust_flags(p)
+    """Add ``verify``, ``inspect`` and ``audit`` to the subcommands."""
     p = sub.add_parser("verify", help="signature, trust, every file's hash, purpose contract")
     p.add_argument("path")
     p.set_defaults(func=cmd_verify)

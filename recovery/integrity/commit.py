@@ -32,7 +32,7 @@ from typing import Any
 import torch
 
 from recovery import faults
-from recovery.errors import CommitError
+from recovery.errors import CommitError, StorageError
 from recovery.format import manifest, tensorfile
 from recovery.format.layout import (
     ASIDE_MARK,
@@ -125,10 +125,10 @@ def commit(
             previously committed checkpoint is untouched.
     """
     step = recovery["step"]
-    if tmp is None:
-        tmp = temp_dir_for(final)
-        tmp.mkdir()
     try:
+        if tmp is None:
+            tmp = temp_dir_for(final)
+            tmp.mkdir()
         records = [
             item
             if isinstance(item, FileRecord)
@@ -163,14 +163,23 @@ def commit(
         if aside is not None:
             shutil.rmtree(aside, ignore_errors=True)
     except OSError as err:
-        shutil.rmtree(tmp, ignore_errors=True)
+        if tmp is not None:
+            shutil.rmtree(tmp, ignore_errors=True)
+        if not final.parent.is_dir():
+            raise StorageError(
+                f"{final.parent}: the run directory is gone (deleted while the run was writing "
+                f"it); checkpoint {final.name} was not written. Restore the directory (or its "
+                "copy) and requeue with +resume=latest",
+                path=final.parent,
+            ) from err
         raise CommitError(
             f"could not commit checkpoint {final}: {err}. Earlier checkpoints are intact; "
             "check free space and permissions of the checkpoint root.",
             path=final,
         ) from err
     except BaseException:
-        shutil.rmtree(tmp, ignore_errors=True)
+        if tmp is not None:
+            shutil.rmtree(tmp, ignore_errors=True)
         raise
     return manifest.parse(body, where=final)
 

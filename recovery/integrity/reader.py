@@ -18,7 +18,8 @@ from __future__ import annotations
 import hashlib
 import os
 import stat
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
+from contextlib import contextmanager
 from dataclasses import dataclass
 from pathlib import Path, PurePosixPath
 
@@ -30,8 +31,10 @@ from recovery.errors import (
     ExtraFileError,
     ManifestError,
     MissingFileError,
+    RecoveryError,
     SignatureError,
     TruncatedFileError,
+    UnreadableFileError,
     UnsafePathError,
 )
 from recovery.format import manifest, tensorfile
@@ -94,6 +97,24 @@ def _walk(root: Path) -> tuple[set[str], list[str], set[str]]:
     return files, links, dirs
 
 
+@contextmanager
+def _readable(path: Path) -> Iterator[None]:
+    """Turn an operating-system refusal to read (other than a missing file, which the
+    checks name) into :class:`~recovery.errors.UnreadableFileError`: a checkpoint that
+    cannot be read is as unusable as a damaged one, and ``latest`` falls back past it."""
+    try:
+        yield
+    except RecoveryError:
+        raise
+    except OSError as err:
+        where = err.filename or path
+        raise UnreadableFileError(
+            f"{where}: cannot be read ({err.strerror or err}); fix its permissions or the "
+            "storage, or resume from another checkpoint",
+            path=Path(where),
+        ) from err
+
+
 def read_manifest(path: Path, trust: TrustStore, *, allow_untrusted: bool = False) -> Manifest:
     """Verify the signature of the directory ``path`` and parse its statement.
 
@@ -104,7 +125,13 @@ def read_manifest(path: Path, trust: TrustStore, *, allow_untrusted: bool = Fals
             directory (the message says which, and what to pass instead).
         ManifestError: no ``model.sig`` (an uncommitted directory) or a malformed statement.
         SignatureError, UntrustedSignerError: see :func:`recovery.integrity.signing.verify_bundle`.
+        UnreadableFileError: ``model.sig`` or the directory cannot be read.
     """
+    with _readable(Path(path)):
+        return _read_manifest(path, trust, allow_untrusted=allow_untrusted)
+
+
+def _read_manifest(path: Path, trust: TrustStore, *, allow_untrusted: bool) -> Manifest:
     if path.is_symlink():
         raise UnsafePathError(f"{path}: is a symlink; expected a checkpoint directory", path=path)
     if not path.is_dir():
@@ -210,10 +237,15 @@ def read_verified(
     Raises:
         CheckpointNotFoundError, ManifestError, SignatureError, UntrustedSignerError,
         UnsafePathError, MissingFileError, ExtraFileError, TruncatedFileError,
-        DigestMismatchError: the first failure found, naming the file, what was
-        expected and what was found.
+        DigestMismatchError, UnreadableFileError: the first failure found, naming the
+        file, what was expected and what was found.
     """
     path = Path(path)
+    with _readable(path):
+        return _read_verified(path, trust, allow_untrusted=allow_untrusted)
+
+
+def _read_verified(path: Path, trust: TrustStore, *, allow_untrusted: bool) -> Verified:
     mf = read_manifest(path, trust, allow_untrusted=allow_untrusted)
     present, links, dirs = _walk(path)
     if links:

@@ -132,6 +132,10 @@ def canonical_digest(obj: Any) -> str:
     return hashlib.sha256(json.dumps(obj, sort_keys=True, default=str).encode()).hexdigest()
 
 
+DVC_BOOKKEEPING = (":(exclude,glob)**/dvc.lock", ":(exclude,glob)**/*.dvc")
+"""Pathspecs of the files git's diff leaves out of the code state."""
+
+
 def code_revision(root: Path, *, ignore: list[Path] | None = None) -> dict[str, Any]:
     """The git state of the repository containing ``root``.
 
@@ -157,7 +161,9 @@ def code_revision(root: Path, *, ignore: list[Path] | None = None) -> dict[str, 
         branch: str | None = repo.active_branch.name
     except TypeError:
         branch = None  # detached HEAD
-    diff = repo.git.diff("HEAD", binary=True)
+    # DVC's bookkeeping (dvc.lock, .dvc files) is rewritten by `dvc repro` and by runs
+    # registering checkpoints: data versions, recorded as such, never a change of code
+    diff = repo.git.diff("HEAD", "--", ".", *DVC_BOOKKEEPING, binary=True)
     top = Path(repo.working_tree_dir or root).resolve()
     skip = [str(p.resolve().relative_to(top)) + "/" for p in ignore or [] if _under(p, top)]
     untracked = sorted(

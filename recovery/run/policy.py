@@ -58,8 +58,23 @@ def auto_interval(cost_s: float, mtbf_s: float, persist_s: float) -> float:
     return max(young_daly(cost_s, mtbf_s), persist_s)
 
 
-def plan(cost_s: float, mtbf_s: float, intervals: list[float]) -> list[dict[str, float]]:
-    """Per interval T: expected work lost per failure (T/2), checkpoint cost per day
+def max_loss_intervals(async_save: bool) -> int:
+    """The most checkpoint intervals of work one failure can lose.
+
+    Synchronous: one (the last save committed before training went on). Async:
+    two, because the next save waits for the one in flight: a failure just before
+    save N+1 is due, while save N is still being written, leaves save N-1 as the
+    newest committed (the background write takes at most one interval, or the
+    next save waits for it).
+    """
+    return 2 if async_save else 1
+
+
+def plan(
+    cost_s: float, mtbf_s: float, intervals: list[float], *, async_save: bool = False
+) -> list[dict[str, float]]:
+    """Per interval T: expected work lost per failure (T/2), the most one failure can
+    lose (T, or 2T with async saves: :func:`max_loss_intervals`), checkpoint cost per day
     (C * day / T), expected failure loss per day (day / MTBF * T/2) and the total.
     """
     day = 86400.0
@@ -72,6 +87,7 @@ def plan(cost_s: float, mtbf_s: float, intervals: list[float]) -> list[dict[str,
             {
                 "interval_s": t,
                 "loss_per_failure_s": loss,
+                "worst_loss_per_failure_s": t * max_loss_intervals(async_save),
                 "checkpoint_cost_per_day_s": cost_day,
                 "failure_loss_per_day_s": loss_day,
                 "total_per_day_s": cost_day + loss_day,

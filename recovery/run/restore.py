@@ -10,11 +10,19 @@ touched.
 from __future__ import annotations
 
 import logging
+import tempfile
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from recovery.errors import DriftError, FormatError, PurposeError, RunDirInUseError
+from recovery.errors import (
+    DriftError,
+    FormatError,
+    PurposeError,
+    RecoveryError,
+    RunDirInUseError,
+    StorageError,
+)
 from recovery.format import bounded
 from recovery.format.layout import CONFIG_FILE, DISTRIBUTED, scan
 from recovery.integrity import commit
@@ -58,14 +66,29 @@ def prepare(run_dir: Path, world: World, journal: Path) -> RunLock | None:
 
     Raises:
         RunDirLockedError: another process is writing ``run_dir``.
+        StorageError: ``run_dir`` cannot be created or written (read-only, permissions).
     """
     lock = None
     if world.leader:
-        run_dir.mkdir(parents=True, exist_ok=True)
-        lock = RunLock.acquire(run_dir)
-        commit.remove_stale(run_dir)
-        retention.tidy_best(run_dir)
-        branches.finish(run_dir, history.read(journal))
+        try:
+            run_dir.mkdir(parents=True, exist_ok=True)
+            lock = RunLock.acquire(run_dir)
+            # fail now, not at the first commit after minutes of training
+            Path(tempfile.mkdtemp(prefix=".recovery-probe-", dir=run_dir)).rmdir()
+            commit.remove_stale(run_dir)
+            retention.tidy_best(run_dir)
+            branches.finish(run_dir, history.read(journal))
+        except OSError as err:
+            if lock is not None:
+                lock.release()
+            if isinstance(err, RecoveryError):
+                raise
+            raise StorageError(
+                f"{err.filename or run_dir}: cannot write the run directory "
+                f"({err.strerror or err}); the checkpoint root must be writable: fix its "
+                "permissions or choose another checkpoint.root=",
+                path=run_dir,
+            ) from err
     distributed.barrier()
     return lock
 

@@ -21,6 +21,7 @@ from recovery.format.manifest import Manifest
 from recovery.integrity.signing import Signer
 from recovery.parallel import multirank, sharded
 from recovery.parallel.world import World
+from recovery.run import policy
 from recovery.run.job import SaveJob, Tensors, split
 from recovery.run.staging import Staging
 from recovery.run.writer import BackgroundWriter
@@ -51,6 +52,8 @@ class Cost:
             "write_s": self.write_s,
             "bytes": nbytes,
             "throughput_mb_s": nbytes / self.write_s / 1e6 if self.write_s > 0 else None,
+            # what a failure now could lose, in intervals (policy.max_loss_intervals)
+            "max_loss_intervals": policy.max_loss_intervals(self.mode == "async"),
         }
 
 

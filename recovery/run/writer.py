@@ -17,7 +17,7 @@ from collections.abc import Callable
 from concurrent.futures import Future, ThreadPoolExecutor
 from pathlib import Path
 
-from recovery.errors import CommitError
+from recovery.errors import CommitError, StorageError
 
 log = logging.getLogger(__name__)
 
@@ -40,6 +40,8 @@ class BackgroundWriter:
         if job is not None and job.done():
             self._pending = None
             err = job.exception()
+            if isinstance(err, StorageError):  # the storage itself: its own code and words
+                raise err
             if err is not None:
                 raise CommitError(
                     f"a background checkpoint save failed: {err}. Earlier checkpoints are intact.",

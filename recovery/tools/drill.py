@@ -2,13 +2,18 @@
 
 A drill runs the training script as real subprocesses: an uninterrupted
 reference to N steps, then a victim started with ``+resume=latest`` and killed
-with SIGKILL at K points chosen at random (between steps, and inside each
-phase of a checkpoint commit: while tensors are written, before the signature,
-between the signature and the rename; with ``checkpoint.async=true`` those
-phases run in the background writer), resumed after each kill with the same
-command line, and finally let run to the end. Then every step's loss, learning
-rate and batch ids, and the final model and optimizer tensors, are compared at
-the declared level (``bitwise``, or ``tolerance`` with atol/rtol for GPU runs).
+with SIGKILL at K points chosen at random (:mod:`recovery.tools.killpoints`:
+between steps; inside each phase of a checkpoint commit: while tensors are
+written, before the signature, between the signature and the rename, with
+``checkpoint.async=true`` in the background writer; while retention deletes an
+old checkpoint; during the best copy; with ``--dvc`` while the publisher
+registers, pushes or deletes; and once a branch: a victim started with
+``+resume=<older step>`` killed while it moves the later checkpoints to
+``abandoned/``), resumed after each kill with ``+resume=latest``, and finally
+let run to the end. Then every step's loss, learning rate and batch ids (the
+journal's last record of each step: the run that survived, after a branch too),
+and the final model and optimizer tensors, are compared at the declared level
+(``bitwise``, or ``tolerance`` with atol/rtol for GPU runs).
 
 Preflight (:func:`preflight`) checks one real checkpoint without training:
 restoring its data cursor and optimizer must reproduce the step, learning rate
@@ -33,16 +38,18 @@ from typing import Any
 import torch
 
 from recovery import faults
-from recovery.errors import ConfigError, DrillError
+from recovery.errors import DrillError
 from recovery.format.layout import DISTRIBUTED, METRICS_FILE, step_dir_name
+from recovery.integrity import reader
 from recovery.integrity.signing import TrustStore
+from recovery.provenance import purpose
 from recovery.run import resume
 from recovery.run.journal import effective_steps, read
 from recovery.state.sampler import ResumableSampler
+from recovery.tools import killpoints
 
 log = logging.getLogger(__name__)
 
-PHASES = ("write", "before-manifest", "before-rename")
 DRILL_FILE = "drill.json"
 PLOT_FILE = "drill.png"
 
@@ -61,50 +68,16 @@ class Plan:
     atol: float = 0.0
     rtol: float = 0.0
     dvc: bool = False
-    """Drill inside a throwaway git + DVC repository, pushing, with kills during registration."""
+    """Drill inside a throwaway git + DVC repository, pushing, with one kill on its publisher."""
+    keep_last: int = 3
+    keep_every: int = 0
+    keep_best: bool = False
+    """The run's retention settings (``checkpoint.*``), which decide its kill points."""
 
-
-def choose_points(
-    rng: random.Random, *, steps: int, every: int, kills: int, dvc: bool = False
-) -> list[str]:
-    """``kills`` kill points in the order the run reaches them, every commit phase included.
-
-    With ``dvc``, the phase "during DVC registration" (``dvc-register-N``) is one of them.
-
-    Each commit phase is drawn once at a random checkpoint step (when ``kills`` allows);
-    the rest are random step boundaries. Points are strictly increasing in
-    (step, phase), so each is reached after the resume from the one before.
-    """
-    ckpts = [s for s in range(every, steps, every)]
-    if not ckpts:
-        raise DrillError(f"drill: no checkpoint before step {steps} with every_steps={every}")
-    # distinct points: each commit phase once, every step boundary before the last, DVC's
-    capacity = len(PHASES) + (ckpts[-1] if dvc else steps) - 1 + (1 if dvc else 0)
-    if not 0 <= kills <= capacity:
-        raise ConfigError(
-            f"drill --kills: expected 0 to {capacity} (the distinct kill points of a "
-            f"{steps}-step run saving every {every} steps), got {kills}"
-        )
-    order = {"step": 4, "write": 0, "before-manifest": 1, "before-rename": 2, "dvc-register": 3}
-    chosen: set[tuple[int, str]] = set()
-    limit = steps
-    if dvc:
-        # registration runs on a background thread while training goes on, so after that
-        # kill the run may already be further: it comes last, at the last checkpoint
-        limit = ckpts[-1]
-        chosen.add((limit, "dvc-register"))
-        ckpts = [c for c in ckpts if c < limit] or ckpts
-    for phase in PHASES[: min(kills - len(chosen), len(PHASES))]:
-        chosen.add((rng.choice(ckpts), phase))
-    while len(chosen) < kills:
-        chosen.add((rng.randrange(1, limit), "step"))
-    ranked = sorted(chosen, key=lambda p: (p[0], order[p[1]]))
-    # two commit phases of one checkpoint: the later one is reached only after the resume
-    # re-saves that step, which is fine; the same point twice is not possible (a set)
-    return [
-        f"step-{s}" if ph == "step" else f"{ph}-{s}" if ph == "dvc-register" else f"commit-{ph}-{s}"
-        for s, ph in ranked
-    ]
+    def schedule(self) -> dict[str, Any]:
+        """What decides the kill points: the run's length, its saves and what it keeps."""
+        keys = ("steps", "every", "keep_last", "keep_every", "keep_best", "dvc")
+        return {k: getattr(self, k) for k in keys}
 
 
 def _train(plan: Plan, root: Path, extra: list[str], *, pause_at: str | None) -> tuple[int, str]:
@@ -222,7 +195,7 @@ def run(
     """
     started = time.time()
     rng = random.Random(seed)
-    points = choose_points(rng, steps=plan.steps, every=plan.every, kills=kills, dvc=plan.dvc)
+    points = killpoints.choose_points(rng, kills=kills, **plan.schedule())
     extra: list[str] = []
     if plan.dvc:
         _dvc_repo(plan.out)
@@ -238,7 +211,8 @@ def run(
         )
     kill_log: list[dict[str, Any]] = []
     for point in points:
-        code, hit = _train(plan, vic_root, [*extra, "+resume=latest"], pause_at=point)
+        kill = killpoints.parse(point)
+        code, hit = _train(plan, vic_root, [*extra, f"+resume={kill.resume}"], pause_at=kill.fault)
         if not hit:
             kill_log.append({"point": point, "reached": False, "exit": code})
             if code != 0:
@@ -328,7 +302,7 @@ def _plot(plan: Plan, ref: Path, victim: Path, report: Report) -> Path:
     ax.plot(ys, [b[s]["loss"] for s in ys], label="drilled (killed and resumed)", lw=1, ls="--")
     for i, k in enumerate(report.kills):
         if k["reached"]:
-            step = int(k["point"].rsplit("-", 1)[1])
+            step = killpoints.parse(k["point"]).step
             ax.axvline(step, color="red", alpha=0.5, lw=1, label="SIGKILL" if i == 0 else None)
     for i, step in enumerate(report.resumes):
         ax.axvline(step, color="green", alpha=0.5, lw=1, ls=":", label="resume" if i == 0 else None)
@@ -350,8 +324,13 @@ def preflight(path: Path, trust: TrustStore) -> dict[str, Any]:
     """Restore a checkpoint's cursor and optimizer; compare with what the live run recorded.
 
     Raises:
+        PurposeError: ``path`` is no continuation checkpoint (an inference artifact).
         DrillError: the restored step, learning rate or next batch differs, naming each.
     """
+    # its purpose first, from the signed statement alone: an inference artifact has no
+    # training state to decode, and that is the refusal, not a failed drill
+    mf = reader.read_manifest(path, trust)
+    purpose.check_use(purpose.RESUME, mf.purpose, where=str(path))
     loaded = resume.load(path, trust)
     expect = loaded.decoded.meta.get("expect")
     if not expect:

@@ -7,6 +7,8 @@ import json
 import pytest
 
 from recovery import cli
+from recovery.format.layout import METRICS_FILE
+from recovery.run.journal import read
 from recovery.tools import drill
 from tests.integration.conftest import ROOT, SMALL
 
@@ -26,21 +28,29 @@ def drill_args(tmp_path, data_root, *extra: str) -> list[str]:
     ]
 
 
-def test_drill_passes_with_ten_kills_in_every_commit_phase_and_async_writes(
+def test_drill_passes_with_ten_kills_in_every_window_with_async_writes(
     tmp_path, data_root, monkeypatch, capsys
 ):
+    # one drill, every kind of window: the commit phases, a retention deletion, a branch
+    # killed while it moves the later checkpoints aside, the first best copy, step boundaries
     monkeypatch.chdir(ROOT)
     monkeypatch.delenv("RECOVERY_DRILL_DROP", raising=False)
-    code = cli.main(
-        drill_args(tmp_path, data_root, "checkpoint.async=true", "--kills", "10", "--seed", "3")
-    )
+    args = ["checkpoint.async=true", "checkpoint.keep_best=true", "--kills", "10", "--seed", "3"]
+    code = cli.main(drill_args(tmp_path, data_root, *args))
     report = json.loads(capsys.readouterr().out)
     assert code == 0, report["differences"]
     assert report["passed"] and report["level"] == "bitwise"
     reached = [k["point"] for k in report["kills"] if k["reached"]]
     assert len(reached) == 10
-    for phase in ("write", "before-manifest", "before-rename"):
-        assert any(p.startswith(f"commit-{phase}-") for p in reached)
+    for kind in ("commit-write-", "commit-before-manifest-", "commit-before-rename-"):
+        assert any(p.startswith(kind) for p in reached)
+    for kind in ("retire-", "abandon-", "best-copy-10", "step-"):
+        assert any(p.startswith(kind) for p in reached), kind
+    (branch,) = [p for p in reached if p.startswith("abandon-")]
+    start = int(branch.rsplit("@from-", 1)[1])
+    assert start in report["resumes"]  # the branch run resumed there, and was redone
+    victim = tmp_path / "drill" / "victim" / "drill"
+    assert [r for r in read(victim / METRICS_FILE) if r.get("event") == "abandoned"]
     assert (tmp_path / "drill" / "drill.json").exists()
     assert (tmp_path / "drill" / "drill.png").read_bytes()[:4] == b"\x89PNG"
 
@@ -70,12 +80,16 @@ def test_drill_fails_when_a_piece_of_state_is_not_restored(
         assert any("loss" in d or "final" in d for d in report["differences"])
 
 
-def test_drill_with_kills_during_dvc_registration(tmp_path, data_root, monkeypatch, capsys):
+def test_drill_with_a_kill_during_the_dvc_push_and_a_branch(
+    tmp_path, data_root, monkeypatch, capsys
+):
     monkeypatch.chdir(ROOT)
     monkeypatch.delenv("RECOVERY_DRILL_DROP", raising=False)
-    code = cli.main(drill_args(tmp_path, data_root, "--kills", "5", "--seed", "1", "--dvc"))
+    code = cli.main(drill_args(tmp_path, data_root, "--kills", "5", "--seed", "0", "--dvc"))
     capsys.readouterr()
     saved = json.loads((tmp_path / "drill" / "drill.json").read_text())
     assert code == 0, saved["differences"]
     assert saved["passed"]
-    assert any(k["point"].startswith("dvc-register-") and k["reached"] for k in saved["kills"])
+    # the seed draws the push as the publisher's one kill (register or a deletion for others)
+    assert saved["kills"][-1] == {"point": "dvc-push-70", "reached": True, "exit": -9}
+    assert any(k["point"].startswith("abandon-") and k["reached"] for k in saved["kills"])

@@ -104,6 +104,7 @@ def test_async_and_sync_write_identical_state(tmp_path, signer, trust, prov):
         ]
         assert [e["step"] for e in events] == [3, 6]
         assert all(e["mode"] == ("async" if mode else "sync") and e["bytes"] > 0 for e in events)
+        assert {e["max_loss_intervals"] for e in events} == {2 if mode else 1}
         summary = [
             r
             for r in read(tmp_path / str(mode) / "run" / "metrics.jsonl")

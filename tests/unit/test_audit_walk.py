@@ -15,10 +15,10 @@ import pytest
 
 from recovery import cli
 from recovery.config import CheckpointConfig
-from recovery.format.layout import SIGNATURE_FILE, step_dir_name
+from recovery.format.layout import ABANDONED_DIR, SIGNATURE_FILE, step_dir_name
 from recovery.run.checkpointer import Checkpointer
 from recovery.run.journal import Journal
-from recovery.tools import audit
+from recovery.tools import audit, audit_index
 from tests.conftest import tiny_state, train_steps
 
 REPO = Path(__file__).resolve().parents[2]
@@ -29,14 +29,25 @@ CHAIN = [
     ("previous", "step-00000002", "ok"),
 ]
 """``new``'s last checkpoint back to the start of ``src``, the run it was warm-started from."""
+LOGGER = "recovery.tools.audit_index"
 
 
-def _run(root: Path, name: str, steps: int, keys: dict, init_from: Path | None = None) -> Path:
-    """Train run ``root/name`` to ``steps`` (saving every 2); its last checkpoint."""
+def _run(
+    root: Path,
+    name: str,
+    steps: int,
+    keys: dict,
+    init_from: Path | None = None,
+    *,
+    resume: int | None = None,
+    keep_last: int = 2,
+) -> Path:
+    """Train run ``root/name`` to ``steps`` (saving every 2; resumed from step ``resume``,
+    which branches it when it had gone further); its last checkpoint."""
     state = tiny_state()
     journal = Journal(root / name / "metrics.jsonl")
     ck = Checkpointer(
-        CheckpointConfig(root=str(root), every_steps=2, keep_last=2),
+        CheckpointConfig(root=str(root), every_steps=2, keep_last=keep_last),
         root / name,
         final_step=steps,
         journal=journal,
@@ -46,7 +57,7 @@ def _run(root: Path, name: str, steps: int, keys: dict, init_from: Path | None =
         config={"seed": 0},
         model_config={"width": 4},
     )
-    step = ck.restore(state, None, init_from=str(init_from) if init_from else None)
+    step = ck.restore(state, resume, init_from=str(init_from) if init_from else None)
     while step < steps:
         train_steps(state, 1)
         step += 1
@@ -74,7 +85,7 @@ def _audit(head: Path, signer, *extra: str, capsys) -> tuple[int, list[tuple], s
 
 
 def _warnings(caplog) -> list[str]:
-    return [r.getMessage() for r in caplog.records if r.name == audit.__name__]
+    return [r.getMessage() for r in caplog.records if r.name in (audit.__name__, LOGGER)]
 
 
 def test_a_normal_audit_walks_the_lineage_across_runs(lineage, signer, capsys, caplog):
@@ -126,7 +137,7 @@ def test_the_walk_stops_at_the_cap_and_says_so(lineage, signer, capsys, caplog, 
     root, head = lineage
     for i in range(50):
         (root / "aaa-clutter" / f"d{i:02d}").mkdir(parents=True)  # listed before src and new
-    monkeypatch.setattr(audit, "MAX_DIRS", 20)
+    monkeypatch.setattr(audit_index, "MAX_DIRS", 20)
     code, chain, _ = _audit(head, signer, capsys=capsys)
     # the target and its own run are still verified; what the cap kept it from is said loudly
     assert code == 0 and chain[:2] == CHAIN[:2]
@@ -196,3 +207,82 @@ def test_a_path_that_is_no_checkpoint_is_one_line_and_no_walk(
     out, err = capsys.readouterr()
     assert out == "" and "Traceback" not in err
     assert err.count("\n") == 1 and err.startswith(f"error: {target}") and says in err, err
+
+
+@pytest.fixture
+def branched(tmp_path, signer, trust, prov):
+    """Run ``team/r`` (a run name with a slash) to step 6, run ``w`` warm-started from its
+    step 6, then ``team/r`` resumed from step 2, which moves its old steps 4 and 6 to
+    ``abandoned/<branch>/`` and writes a new step 4 (same name, other digest) in their place.
+    Returns (root, run directory, the branch directory)."""
+    keys = {"signer": signer, "trust": trust, "prov": prov}
+    root = tmp_path / "ck"
+    six = _run(root, "team/r", 6, keys, keep_last=10)
+    _run(root, "w", 2, keys, init_from=six)
+    _run(root, "team/r", 4, keys, resume=2, keep_last=10)
+    run_dir = root / "team" / "r"
+    (branch,) = (run_dir / ABANDONED_DIR).iterdir()
+    assert not six.exists() and (branch / six.name).is_dir()
+    return root, run_dir, branch
+
+
+def _links(data: dict) -> list[tuple]:
+    return [(ln["relation"], ln["name"], ln["status"], ln["path"]) for ln in data["links"]]
+
+
+def test_an_abandoned_checkpoint_is_audited_from_the_root_above_its_run(
+    branched, signer, trust, capsys
+):
+    _, run_dir, branch = branched
+    target = branch / step_dir_name(6)
+    said = {"branch": branch.name, "run_dir": str(run_dir)}
+    argv = ["audit", str(target), "--trusted", str(signer.path.parent)]
+    assert cli.main([*argv, "--json"]) == 0
+    data = json.loads(capsys.readouterr().out)
+    # the old step 4 is found where it was moved to (by digest), not the new step 4 at its
+    # recorded place, and step 2 in the run directory above abandoned/<branch>/
+    assert _links(data) == [
+        ("self", "step-00000006", "ok", str(target)),
+        ("previous", "step-00000004", "ok", str(branch / step_dir_name(4))),
+        ("previous", "step-00000002", "ok", str(run_dir / step_dir_name(2))),
+    ]
+    assert data["ok"] and data["abandoned"] == said
+    assert [ln["abandoned"] for ln in data["links"]] == [said, said, None]
+    assert cli.main(argv) == 0
+    text = capsys.readouterr().out
+    assert f"abandoned branch {branch.name}, moved out of {run_dir}" in text.splitlines()[1]
+    assert text.count(f"abandoned branch {branch.name}") == 3  # the target's line and link 4
+    assert text.rstrip().endswith("result: OK")
+    # the library: the same root by default, the same report
+    assert audit.default_root(target) == run_dir.parent
+    report = audit.audit(target, trust)
+    assert report.ok and report.abandoned == said and len(report.links) == 3
+
+
+def test_a_lineage_through_an_abandoned_step_still_verifies(branched, signer, trust, capsys):
+    root, run_dir, branch = branched
+    head = root / "w" / step_dir_name(2)
+    assert cli.main(["audit", str(head), "--json", "--trusted", str(signer.path.parent)]) == 0
+    data = json.loads(capsys.readouterr().out)
+    # run team/r's abandoned/<branch>/ lies one level past MAX_DEPTH below the root: the
+    # index still lists it (abandoned/<branch>/ costs no depth)
+    assert data["abandoned"] is None
+    assert _links(data) == [
+        ("self", "step-00000002", "ok", str(head)),
+        ("warm_start", "step-00000006", "ok", str(branch / step_dir_name(6))),
+        ("previous", "step-00000004", "ok", str(branch / step_dir_name(4))),
+        ("previous", "step-00000002", "ok", str(run_dir / step_dir_name(2))),
+    ]
+    report = audit.audit(head, trust)
+    assert [link.status for link in report.links] == ["ok"] * 4
+    assert report.abandoned is None and report.links[0].abandoned is None
+    assert report.links[1].abandoned == {"branch": branch.name, "run_dir": str(run_dir)}
+
+
+def test_a_directory_named_abandoned_is_no_branch_unless_its_layout_says_so(tmp_path):
+    run_dir = tmp_path / "ck" / "r"
+    assert audit_index.abandoned_of(run_dir / ABANDONED_DIR / "notes" / step_dir_name(6)) is None
+    assert audit_index.abandoned_of(run_dir / step_dir_name(6)) is None
+    branch = "from-00000002-20261201T120000"
+    where = audit_index.abandoned_of(run_dir / ABANDONED_DIR / branch / step_dir_name(6))
+    assert where == {"branch": branch, "run_dir": str(run_dir)}

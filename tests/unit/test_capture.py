@@ -38,3 +38,28 @@ def test_redact_masks_secret_values_that_reached_other_keys():
 )
 def test_overrides_are_redacted_by_key_and_by_value(override, expected):
     assert redact_overrides([override], {"hunter2-pw"}) == [expected]
+
+
+def test_dvc_bookkeeping_is_not_a_change_of_code(tmp_path):
+    # `make demo` (dvc repro) rewrites the tracked dvc.lock: later runs are not "dirty" for it
+    import subprocess
+
+    from recovery.provenance.capture import code_revision
+
+    def git(*args):
+        subprocess.run(
+            ["git", "-c", "user.email=t@t", "-c", "user.name=t", *args],
+            cwd=tmp_path, check=True, capture_output=True,
+        )  # fmt: skip
+
+    (tmp_path / "dvc.lock").write_text("a\n")
+    (tmp_path / "data.dvc").write_text("a\n")
+    (tmp_path / "train.py").write_text("a\n")
+    git("init", "-q")
+    git("add", ".")
+    git("commit", "-qm", "init")
+    (tmp_path / "dvc.lock").write_text("b\n")
+    (tmp_path / "data.dvc").write_text("b\n")
+    assert code_revision(tmp_path)["dirty"] is False
+    (tmp_path / "train.py").write_text("b\n")
+    assert code_revision(tmp_path)["dirty"] is True

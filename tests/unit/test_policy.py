@@ -152,3 +152,12 @@ def test_ignored_on_resume(old, new, ignored):
     lines = ignored_on_resume(old, new, FIXED)
     assert [line.split(" ", 1)[0] for line in lines] == ignored
     assert all("has no effect on this resume" in line for line in lines)
+
+
+@pytest.mark.parametrize(("async_save", "worst"), [(False, 1), (True, 2)])
+def test_the_loss_bound_of_a_failure(async_save, worst):
+    from recovery.run.policy import max_loss_intervals
+
+    assert max_loss_intervals(async_save) == worst
+    (row,) = plan(60.0, 86400.0, [600.0], async_save=async_save)
+    assert row["worst_loss_per_failure_s"] == 600.0 * worst and row["loss_per_failure_s"] == 300.0
