@@ -76,7 +76,9 @@ def preflight(script: str, argv: Sequence[str], conf: Path) -> None:
     if any(a.split("=", 1)[0] in _HYDRA_OPTIONS for a in argv):
         return
     plain = [a for a in argv if not a.startswith("-") and not a.lstrip("+~").startswith("hydra")]
-    cfg = compose(script, plain, conf=conf, hydra=True)
+    # where the job's directory goes is checked where the command line puts it
+    run_dir = [a for a in argv if a.startswith("hydra.run.dir=")]
+    cfg = compose(script, plain + run_dir, conf=conf, hydra=True)
     from omegaconf import OmegaConf
 
     job_dir = OmegaConf.select(cfg, "hydra.run.dir", default=None)

@@ -37,6 +37,7 @@ from recovery.format import manifest, tensorfile
 from recovery.format.layout import (
     ASIDE_MARK,
     SIGNATURE_FILE,
+    TRASH_MARK,
     aside_dir_for,
     committed_name,
     scan,
@@ -201,7 +202,12 @@ def remove_stale(run_dir: Path) -> list[Path]:
             os.rename(path, final)
             fsync_dir(run_dir)
             continue
-        log.warning("removing %s: an interrupted checkpoint write or deletion", path)
+        why = (
+            "a deletion that was cut short"
+            if TRASH_MARK in path.name
+            else "an interrupted checkpoint write that never committed"
+        )
+        log.warning("removing %s: %s", path, why)
         shutil.rmtree(path, ignore_errors=True)
         removed.append(path)
     return removed

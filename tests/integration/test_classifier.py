@@ -34,6 +34,7 @@ def test_worker_count_does_not_change_batches_or_losses(tmp_path, signer):
                 str(TRAIN),
                 *CLASSIFIER,
                 f"recipe.num_workers={workers}",
+                "checkpoint.keep_best=true",  # ranked by the recipe's own metric, val_loss
                 f"checkpoint.root={root}",
                 "run.name=c",
             ],
@@ -46,6 +47,8 @@ def test_worker_count_does_not_change_batches_or_losses(tmp_path, signer):
         assert done.returncode == 0, done.stdout + done.stderr
         runs[workers] = effective_steps(root / "c" / "metrics.jsonl")
     assert sorted(runs[0]) == list(range(1, 41))
+    (best,) = (tmp_path / "w0" / "c" / "best").iterdir()
+    assert cli.main(["verify", str(best), "--allow-untrusted"]) == 0
     assert {r["epoch"] for r in runs[0].values()} == {0, 1}  # 24 batches an epoch: crosses one
     for workers in (1, 2):
         for step, rec in runs[0].items():

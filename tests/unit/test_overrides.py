@@ -67,3 +67,11 @@ def test_typed_names_the_key_and_the_nearest_field():
         typed(CheckpointConfig, {"evry_steps": 1}, key="checkpoint")
     with pytest.raises(errors.ConfigError, match=r"^train\.steps: .*'abc'"):
         typed(TrainConfig, {"steps": "abc"}, key="train")
+
+
+def test_preflight_checks_the_job_directory_where_the_command_line_puts_it(tmp_path):
+    (tmp_path / "afile").write_text("x")
+    preflight("train.py", [f"hydra.run.dir={tmp_path}/ok/job"], CONF)
+    assert not (tmp_path / "ok").exists()  # the probe leaves nothing
+    with pytest.raises(errors.StorageError, match="afile"):
+        preflight("train.py", [f"hydra.run.dir={tmp_path}/afile/job"], CONF)
