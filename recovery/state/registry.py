@@ -47,6 +47,23 @@ class Stateful(Protocol):
     def load_state_dict(self, state: Any, /) -> Any: ...
 
 
+def owned(value: Any) -> Any:
+    """``value`` with every tensor replaced by a contiguous copy in its own memory.
+
+    Decoded tensors are views into one buffer per file (zero-copy decoding); code
+    that keeps a tensor it was given, or hands it to C++ that expects its own
+    storage (``torch.Generator.set_state`` on a torchdata loader's state), must get
+    a tensor that owns its memory.
+    """
+    if isinstance(value, torch.Tensor):
+        return value.clone(memory_format=torch.contiguous_format)
+    if isinstance(value, Mapping):
+        return {k: owned(v) for k, v in value.items()}
+    if isinstance(value, list | tuple):
+        return type(value)(owned(v) for v in value)
+    return value
+
+
 def model_mismatches(saved: Mapping[str, Any], live: Mapping[str, torch.Tensor]) -> list[str]:
     """Every difference between a saved model state and the live model's.
 
@@ -229,6 +246,9 @@ class TrainState:
             log.warning("%s=%s: NOT restoring %s (drill failure test)", DROP_ENV, dropped, dropped)
         for name, obj in self.components.items():
             if (only is None or name in only) and name != dropped and name in tree:
-                obj.load_state_dict(tree[name])
+                # a module copies into its own parameters; anything else may keep what it
+                # is handed, which must then not be a view into the checkpoint's file buffer
+                value = tree[name] if isinstance(obj, torch.nn.Module) else owned(tree[name])
+                obj.load_state_dict(value)
         if (only is None or RNG in only) and dropped != RNG:
-            rng.restore(tree[RNG])
+            rng.restore(owned(tree[RNG]))

@@ -156,3 +156,33 @@ def test_the_health_history_is_optional_in_both_directions():
     assert "health" in tree_with
     assert plain.mismatches(tree_with) == []  # a run with health.enabled=false
     plain.load_state_dict(tree_with)
+
+
+def test_components_are_handed_tensors_that_own_their_memory():
+    from recovery.state.registry import TrainState
+
+    class Keeper:
+        """Keeps what it is handed, as a torchdata StatefulDataLoader does."""
+
+        def __init__(self):
+            self.kept = None
+
+        def state_dict(self):
+            return {"gen": torch.arange(8, dtype=torch.uint8), "nested": [torch.ones(2)]}
+
+        def load_state_dict(self, state):
+            self.kept = state
+
+    buffer = torch.arange(16, dtype=torch.uint8)
+    view = buffer[4:12]  # a view into one file buffer, as zero-copy decoding gives
+    state = TrainState(keeper=Keeper())
+    tree = state.state_dict()
+    tree["keeper"] = {"gen": view, "nested": [buffer[:8].view(torch.float32)]}
+    state.load_state_dict(tree)
+    kept = state.components["keeper"].kept
+    assert torch.equal(kept["gen"], view) and kept["gen"].untyped_storage().data_ptr() != (
+        buffer.untyped_storage().data_ptr()
+    )
+    assert kept["nested"][0].untyped_storage().data_ptr() != buffer.untyped_storage().data_ptr()
+    buffer.zero_()  # the file buffer reused or freed: what the component kept is unchanged
+    assert kept["gen"].tolist() == list(range(4, 12))
