@@ -41,6 +41,7 @@ from recovery.run.job import SaveJob
 from recovery.run.journal import Journal
 from recovery.run.preemption import PreemptionGuard
 from recovery.run.savers import Cost
+from recovery.state import wrapping
 from recovery.state.registry import MODEL, TrainState
 from recovery.storage import tracking
 
@@ -301,7 +302,8 @@ class Checkpointer:
         final.parent.mkdir(exist_ok=True)
         job = self._job(final, step, purpose.WARM_START, metrics, chained=False)
         # inline whatever the strategy: a milestone copy is rare, and must not wait its turn
-        savers.Inline(self.signer, self._committed).write_tree(job, {MODEL: model.state_dict()})
+        weights = {MODEL: wrapping.canonical(model.state_dict())}
+        savers.Inline(self.signer, self._committed).write_tree(job, weights)
         return final
 
     def _job(

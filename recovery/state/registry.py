@@ -19,7 +19,7 @@ from typing import Any, Protocol, runtime_checkable
 import torch
 
 from recovery.errors import ConfigError, IncompatibleStateError
-from recovery.state import rng
+from recovery.state import rng, wrapping
 
 log = logging.getLogger(__name__)
 
@@ -164,7 +164,12 @@ class TrainState:
 
     def state_dict(self) -> dict[str, Any]:
         """Take every component's state and the RNG streams, now."""
-        tree = {name: obj.state_dict() for name, obj in self.components.items()}
+        tree = {
+            name: wrapping.canonical(obj.state_dict())
+            if isinstance(obj, torch.nn.Module)
+            else obj.state_dict()
+            for name, obj in self.components.items()
+        }
         tree[RNG] = rng.capture()
         return tree
 
@@ -207,7 +212,8 @@ class TrainState:
             tree = {k: v for k, v in tree.items() if k in only}
         model = self.components.get(MODEL)
         if isinstance(model, torch.nn.Module) and MODEL in tree:
-            problems += model_mismatches(tree[MODEL], model.state_dict())
+            live = model.state_dict()
+            problems += model_mismatches(wrapping.to_live(tree[MODEL], live), live)
         opt = self.components.get(OPTIMIZER)
         if isinstance(opt, torch.optim.Optimizer) and OPTIMIZER in tree:
             problems += optimizer_mismatches(tree[OPTIMIZER], opt)
@@ -248,7 +254,11 @@ class TrainState:
             if (only is None or name in only) and name != dropped and name in tree:
                 # a module copies into its own parameters; anything else may keep what it
                 # is handed, which must then not be a view into the checkpoint's file buffer
-                value = tree[name] if isinstance(obj, torch.nn.Module) else owned(tree[name])
+                value = (
+                    wrapping.to_live(tree[name], obj.state_dict())
+                    if isinstance(obj, torch.nn.Module)
+                    else owned(tree[name])
+                )
                 obj.load_state_dict(value)
         if (only is None or RNG in only) and dropped != RNG:
             rng.restore(owned(tree[RNG]))
