@@ -185,8 +185,10 @@ class SigningConfig:
     """PEM private key that signs; env ``RECOVERY_SIGNING_KEY`` overrides; unset = the dev key."""
     trusted: str = ".recovery/trusted"
     """Directory of trusted public keys (``*.pub``/``*.pem``), besides the signer's own."""
-    dev_key_dir: str = ".recovery/dev-key"
-    """Where the local development key is created on first use (git-ignored)."""
+    dev_key_dir: str | None = None
+    """Where the development key is created on first use; unset: ``./.recovery/dev-key``
+    when it exists (a project's), else the per-user ``$XDG_CONFIG_HOME/recovery/dev-key``
+    (``~/.config/recovery/dev-key``), so a loop run from any directory finds the same."""
     allow_untrusted: bool = False
     """Accept checkpoints signed by keys outside the trust store (signature still checked)."""
 

@@ -118,3 +118,17 @@ def checkpoint(tmp_path, signer):
     train_steps(state, 3)
     commit_state(tmp_path / "run", state, 3, signer)
     return tmp_path / "run" / step_dir_name(3), state
+
+
+@pytest.fixture(autouse=True, scope="session")
+def _per_user_config(tmp_path_factory):
+    """The per-user dev key directory ($XDG_CONFIG_HOME) of the tests: never the real ~/.config."""
+    import os
+
+    before = os.environ.get("XDG_CONFIG_HOME")
+    os.environ["XDG_CONFIG_HOME"] = str(tmp_path_factory.mktemp("xdg-config"))
+    yield
+    if before is None:
+        os.environ.pop("XDG_CONFIG_HOME", None)
+    else:
+        os.environ["XDG_CONFIG_HOME"] = before

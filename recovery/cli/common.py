@@ -12,6 +12,7 @@ import torch
 
 from recovery import errors
 from recovery.config import SigningConfig
+from recovery.integrity import trust
 from recovery.integrity.signing import PUBLIC_KEY_FILE, TrustStore
 from recovery.run import resume
 
@@ -28,7 +29,8 @@ def add_trust_flags(p: argparse.ArgumentParser) -> None:
         action="append",
         metavar="PATH",
         help="trusted public key file or directory (repeatable; default .recovery/trusted; "
-        "the local dev key in .recovery/dev-key is always trusted)",
+        "the dev key (./.recovery/dev-key, else ~/.config/recovery/dev-key) and the key "
+        "$RECOVERY_SIGNING_KEY names are always trusted)",
     )
     p.add_argument(
         "--allow-untrusted",
@@ -48,7 +50,11 @@ def trust_of(args: argparse.Namespace) -> TrustStore:
             "or a directory of them"
         )
     paths = [Path(p) for p in args.trusted] if args.trusted else [Path(defaults.trusted)]
-    return TrustStore.from_paths(paths, dev_keys=[Path(defaults.dev_key_dir) / PUBLIC_KEY_FILE])
+    store = TrustStore.from_paths(paths, dev_keys=[trust.dev_key_dir() / PUBLIC_KEY_FILE])
+    signer = trust.env_signer()  # the key this shell's runs sign with is this shell's to trust
+    if signer is not None:
+        store.add_pem(signer.public_pem, source=f"${trust.KEY_ENV} ({signer.path})")
+    return store
 
 
 def load(args: argparse.Namespace, path: Path) -> resume.Loaded:
