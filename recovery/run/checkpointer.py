@@ -21,10 +21,11 @@ from typing import Any
 
 import yaml
 
-from recovery.config import CheckpointConfig, parse_duration
+from recovery.config import CheckpointConfig, SigningConfig, parse_duration
 from recovery.errors import Preempted, PurposeError
 from recovery.format.layout import METRICS_FILE, step_dir_name
 from recovery.format.manifest import Manifest
+from recovery.integrity import trust as keys
 from recovery.integrity.lock import RunLock
 from recovery.integrity.signing import Signer, TrustStore
 from recovery.parallel import multirank
@@ -57,8 +58,10 @@ class Checkpointer:
         cfg: checkpoint settings.
         run_dir: ``<checkpoint.root>/<run.name>``.
         final_step: the run's last step; a checkpoint is always written there.
-        signer: signs every artifact.
-        trust: keys whose artifacts may be loaded.
+        signer: signs every artifact; default: as the CLI resolves it
+            (``$RECOVERY_SIGNING_KEY``, else the dev key: :mod:`recovery.integrity.trust`).
+        trust: keys whose artifacts may be loaded; default: the trust store of
+            :class:`~recovery.config.SigningConfig` and the signer's own key.
         allow_untrusted: also load artifacts by other signers (signature still checked).
         provenance: :func:`recovery.provenance.capture.capture` of this process (captured
             here if not given).
@@ -80,8 +83,8 @@ class Checkpointer:
         run_dir: Path,
         *,
         final_step: int,
-        signer: Signer,
-        trust: TrustStore,
+        signer: Signer | None = None,
+        trust: TrustStore | None = None,
         allow_untrusted: bool = False,
         provenance: dict[str, Any] | None = None,
         config: Mapping[str, Any] | None = None,
@@ -101,8 +104,9 @@ class Checkpointer:
         self.cfg = cfg
         self.run_dir = run_dir
         self.root = run_dir.parent
+        signer = signer if signer is not None else keys.resolve_signer(SigningConfig())
         self.signer = signer
-        self.trust = trust
+        self.trust = trust if trust is not None else keys.resolve_trust(SigningConfig(), signer)
         self.allow_untrusted = allow_untrusted
         self.config = dict(config) if config is not None else {}
         self.provenance = provenance if provenance is not None else prov.capture(config=self.config)

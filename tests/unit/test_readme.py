@@ -66,3 +66,56 @@ def test_the_layout_section_lists_the_import_contracts_layers_in_order():
             assert found, f"{module} (a layer of the import contract) is not in the README layout"
             where.append((min(found), module))
     assert [m for _, m in sorted(where)] == [m for _, m in where]
+
+
+def own_loop_block() -> str:
+    section = README.split("### Using it in your own loop", 1)[1]
+    return section.split("```python\n", 1)[1].split("```", 1)[0]
+
+
+def test_the_own_loop_block_runs_and_resumes_exactly_after_a_kill(tmp_path):
+    # the README's block as a user would paste it: a kill inside a commit, a requeue, and
+    # the same losses as an uninterrupted run
+    import os
+    import signal
+    import subprocess
+    import sys
+    import time
+
+    from recovery import faults
+    from recovery.integrity.trust import KEY_ENV
+    from recovery.run.journal import effective_steps, read
+
+    script = tmp_path / "own_loop.py"
+    script.write_text(own_loop_block())
+    env = {k: v for k, v in os.environ.items() if k != KEY_ENV}
+
+    def run(cwd, pause_at=None):
+        cwd.mkdir(exist_ok=True)
+        extra = {}
+        if pause_at:
+            extra = {faults.PAUSE_ENV: pause_at, faults.MARK_ENV: str(cwd / "mark")}
+        proc = subprocess.Popen(
+            [sys.executable, str(script)], cwd=cwd, env={**env, **extra},
+            stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
+        )  # fmt: skip
+        if pause_at:
+            deadline = time.monotonic() + 120
+            while not (cwd / "mark").exists():
+                assert proc.poll() is None and time.monotonic() < deadline, proc.stdout.read()
+                time.sleep(0.05)
+            os.kill(proc.pid, signal.SIGKILL)
+        out, _ = proc.communicate(timeout=120)
+        return proc.returncode, out
+
+    assert run(tmp_path / "ref")[0] == 0
+    code, _ = run(tmp_path / "victim", pause_at="commit-before-rename-40")
+    assert code == -signal.SIGKILL
+    code, out = run(tmp_path / "victim")
+    assert code == 0, out
+    ref = effective_steps(tmp_path / "ref" / "runs/own-loop/metrics.jsonl")
+    got = effective_steps(tmp_path / "victim" / "runs/own-loop/metrics.jsonl")
+    assert sorted(got) == list(range(1, 61))
+    records = read(tmp_path / "victim" / "runs/own-loop/metrics.jsonl")
+    assert [r["step"] for r in records if r.get("event") == "resume"] == [20]
+    assert [got[s]["loss"] for s in got] == [ref[s]["loss"] for s in got]
