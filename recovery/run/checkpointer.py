@@ -6,8 +6,8 @@ save (cadence, milestones, preemption), what a save is (a
 :class:`~recovery.run.job.SaveJob`) and what follows a commit (link, best copy,
 retention, cost record, DVC). *Where* a save runs is :mod:`recovery.run.savers`;
 *how* bytes reach the disk, :mod:`recovery.integrity.commit`; *what* the state
-is, :class:`~recovery.state.registry.TrainState`; a branch,
-:mod:`recovery.run.branches`.
+is, :class:`~recovery.state.registry.TrainState`; how a run begins (its
+restoring half), :class:`~recovery.run.restoring.Restoring`.
 """
 
 from __future__ import annotations
@@ -23,7 +23,7 @@ import yaml
 
 from recovery.config import CheckpointConfig, SigningConfig, parse_duration
 from recovery.errors import Preempted, PurposeError
-from recovery.format.layout import METRICS_FILE, step_dir_name
+from recovery.format.layout import step_dir_name
 from recovery.format.manifest import Manifest
 from recovery.integrity import trust as keys
 from recovery.integrity.lock import RunLock
@@ -34,13 +34,14 @@ from recovery.parallel.world import World
 from recovery.provenance import capture as prov
 from recovery.provenance import lineage, purpose
 from recovery.provenance.purpose import BUILTIN, PurposeSpec
-from recovery.run import branches, cadence, resume, retention, savers
+from recovery.run import cadence, retention, savers
 from recovery.run import job as job_mod
 from recovery.run import restore as begin
 from recovery.run.cadence import Cadence
 from recovery.run.job import SaveJob
 from recovery.run.journal import Journal
 from recovery.run.preemption import PreemptionGuard
+from recovery.run.restoring import Restoring
 from recovery.run.savers import Cost
 from recovery.state import wrapping
 from recovery.state.registry import MODEL, TrainState
@@ -51,7 +52,7 @@ log = logging.getLogger(__name__)
 WARM_START_DIR = "warm_start"
 
 
-class Checkpointer:
+class Checkpointer(Restoring):
     """Saves and restores one run's :class:`TrainState`, signed, with provenance and lineage.
 
     Args:
@@ -139,94 +140,6 @@ class Checkpointer:
         self._created = time.perf_counter()
         self.pause_s = 0.0
         """Time the training thread spent on checkpoints (sync saves, async pauses and waits)."""
-
-    # -- restore ---------------------------------------------------------------
-
-    def restore(
-        self,
-        state: TrainState,
-        resume_spec: object | None = None,
-        *,
-        init_from: object | None = None,
-    ) -> int:
-        """Restore ``state`` as asked; return the step to start from.
-
-        - ``resume_spec`` (``+resume=``): continue this run from that checkpoint.
-          With ``latest`` and nothing to resume, fall through to ``init_from`` or
-          a fresh start, so a requeued command line works at every stage.
-        - ``init_from`` (``+init_from=``): a new run whose model weights come from
-          a continuation or warm-start artifact; optimizer, schedule, sampler and
-          step start fresh.
-        - neither: a fresh run; the run directory must not hold checkpoints.
-
-        Raises:
-            RunDirLockedError: another process is writing the run directory.
-            RunDirInUseError: a fresh or warm-started run into a directory holding checkpoints.
-            CheckpointNotFoundError, VerificationError, FormatError: a named artifact
-                is absent, damaged or untrusted.
-            ForeignCheckpointError: ``latest`` found only another run's checkpoints.
-            PurposeError: the artifact cannot serve the use.
-            DriftError: ``checkpoint.strict_resume`` and something changed (RollbackError:
-                the newest checkpoint the run committed is gone).
-            IncompatibleStateError: it does not fit ``state``; nothing was changed.
-        """
-        self._lock = begin.prepare(self.run_dir, self.world, self._journal_path())
-        try:
-            return self._restore(state, resume_spec, init_from)
-        except BaseException:
-            self._release()
-            raise
-
-    def _restore(self, state: TrainState, resume_spec: object, init_from: object) -> int:
-        if resume_spec is not None:
-            loaded, replaced = begin.choose(
-                self.run_dir,
-                resume_spec,
-                self.trust,
-                allow_untrusted=self.allow_untrusted,
-                journal=self._journal_path(),
-                strict=self.cfg.strict_resume,
-            )
-            if loaded is not None:
-                step = self._resume(state, loaded, replaced)
-                if resume.parse_spec(resume_spec) != resume.LATEST and self.world.leader:
-                    branches.abandon(self.run_dir, step, self._event)  # a branch from here
-                distributed.barrier()
-                return step
-        else:
-            begin.refuse_reuse(self.run_dir)
-        self.identity, event = begin.new_run(
-            state, init_from, self.run_id, self.trust, self.allow_untrusted, root=self.root
-        )
-        self._event(event)
-        return 0
-
-    def _resume(self, state: TrainState, loaded: resume.Loaded, replaced: str | None) -> int:
-        ident = begin.resume_from(
-            state,
-            loaded,
-            run_id=self.run_id,
-            provenance=self.provenance,
-            config=self.config,
-            strict=self.cfg.strict_resume,
-            root=self.root,
-            world=self.world,
-            seed=self.seed,
-        )
-        self.identity = ident
-        self.last_saved = ident.step
-        self._event(begin.resume_event(loaded, ident, self.world.size, replaced=replaced))
-        return ident.step
-
-    @property
-    def run_id(self) -> str:
-        """The run's id (kept across resumes; new for a fresh or warm-started run)."""
-        return self.identity.run_id
-
-    @property
-    def resumed_from(self) -> Path | None:
-        """The checkpoint this process resumed from, if it did."""
-        return self.identity.resumed_from
 
     # -- save ------------------------------------------------------------------
 
@@ -378,19 +291,6 @@ class Checkpointer:
             CommitError: it failed.
         """
         self.pause_s += self._saver.wait()
-
-    def _release(self) -> None:
-        if self._lock is not None:
-            self._lock.release()
-            self._lock = None
-
-    def _journal_path(self) -> Path:
-        # ranks > 0 journal nothing but read the same file: every rank takes one decision
-        return (self.journal.path if self.journal else None) or self.run_dir / METRICS_FILE
-
-    def _event(self, record: dict[str, Any]) -> None:
-        if self.journal is not None:
-            self.journal.write(record)
 
     def close(self) -> None:
         """Flush the save in flight, stop the background thread, record the run's costs.
