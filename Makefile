@@ -21,8 +21,8 @@ $(STAMP): pyproject.toml | $(BIN)/python
 install: $(STAMP)
 
 lint: $(STAMP)
-	$(BIN)/ruff check recovery recipes tests train.py demo.py benchmarks
-	$(BIN)/ruff format --check recovery recipes tests train.py demo.py benchmarks
+	$(BIN)/ruff check recovery recipes tests examples train.py demo.py benchmarks
+	$(BIN)/ruff format --check recovery recipes tests examples train.py demo.py benchmarks
 	$(BIN)/mypy
 	$(BIN)/lint-imports
 

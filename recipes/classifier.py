@@ -140,12 +140,7 @@ class CNN(nn.Module):
 
 def epoch_batches(sampler: ResumableSampler) -> list[list[tuple[int, int]]]:
     """The rest of the current epoch's batches, as (epoch, id) keys, without moving the cursor."""
-    order = sampler.order(sampler.epoch)
-    end = sampler.num_examples
-    return [
-        [(sampler.epoch, int(i)) for i in order[start : min(start + sampler.batch_size, end)]]
-        for start in range(sampler.offset, end, sampler.batch_size)
-    ]
+    return [[(sampler.epoch, int(i)) for i in ids] for ids in sampler.rest_of_epoch()]
 
 
 def validate(model: nn.Module, digits: Digits) -> dict[str, float]:

@@ -11,6 +11,7 @@ from recovery.integrity.reader import read_verified
 from recovery.run.checkpointer import Checkpointer
 from recovery.run.journal import Journal
 from recovery.run.resume import select
+from recovery.state.loader import ResumableLoader
 from recovery.state.registry import Stateful, TrainState
 from recovery.state.sampler import ResumableSampler
 from recovery.tools.export import load_inference
@@ -20,6 +21,7 @@ __all__ = [
     "CheckpointConfig",
     "Checkpointer",
     "Journal",
+    "ResumableLoader",
     "ResumableSampler",
     "RunConfig",
     "Stateful",

@@ -8,7 +8,10 @@ JSON would blur is tagged in the skeleton, so a round trip returns equal
 objects of equal types:
 
 - a tensor becomes ``{"__tensor__": key}``, key = the tree path joined by ``/``
-  (a model's own parameter names stay readable: ``user.weight``);
+  (a model's own parameter names stay readable: ``user.weight``); a tensor that
+  is another one of the tree (the same memory, shape and strides: tied weights
+  such as a language model's ``wte``/``lm_head``) is stored once, and both paths
+  reference that key, so :func:`join` hands back one tensor for both;
 - a tuple becomes ``{"__tuple__": [...]}`` (Adam's ``betas``);
 - a dict with non-string keys becomes ``{"__dict__": [[k, v], ...]}``
   (optimizer state is keyed by int parameter ids);
@@ -54,11 +57,17 @@ def split(tree: Any) -> tuple[Any, dict[str, torch.Tensor]]:
         FormatError: a leaf has a type this codec cannot store without pickle.
     """
     tensors: dict[str, torch.Tensor] = {}
+    stored: dict[tuple[Any, ...], str] = {}  # a tensor's memory and view -> the key it went to
 
     def walk(node: Any, path: str) -> Any:
         if isinstance(node, torch.Tensor):
+            alias = _view(node)
+            if alias in stored:
+                return {"__tensor__": stored[alias]}
             key = path or "_"
             tensors[key] = node.detach()
+            if alias is not None:
+                stored[alias] = key
             return {"__tensor__": key}
         if isinstance(node, np.ndarray):
             return {
@@ -109,6 +118,21 @@ def split(tree: Any) -> tuple[Any, dict[str, torch.Tensor]]:
         )
 
     return walk(tree, ""), tensors
+
+
+def _view(t: torch.Tensor) -> tuple[Any, ...] | None:
+    """What makes two tensors the same values: one memory viewed the same way (``None``:
+    an empty tensor, which shares no values with anything)."""
+    if t.numel() == 0 or t.layout != torch.strided:
+        return None
+    return (
+        t.device,
+        t.untyped_storage().data_ptr(),
+        t.storage_offset(),
+        t.dtype,
+        tuple(t.shape),
+        t.stride(),
+    )
 
 
 def join(skeleton: Any, tensors: Mapping[str, torch.Tensor]) -> Any:

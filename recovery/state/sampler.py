@@ -33,10 +33,17 @@ class ResumableSampler:
         batch_size: global batch size.
         seed: shuffle seed; epoch ``e`` uses the permutation of ``(seed, e)``.
         drop_last: drop a short final batch of each epoch.
+        shuffle: ``False`` visits the examples in index order every epoch.
     """
 
     def __init__(
-        self, num_examples: int, batch_size: int, seed: int, *, drop_last: bool = False
+        self,
+        num_examples: int,
+        batch_size: int,
+        seed: int,
+        *,
+        drop_last: bool = False,
+        shuffle: bool = True,
     ) -> None:
         if num_examples <= 0:
             raise ConfigError(f"sampler: num_examples must be positive, got {num_examples}")
@@ -51,6 +58,7 @@ class ResumableSampler:
         self.batch_size = batch_size
         self.seed = seed
         self.drop_last = drop_last
+        self.shuffle = shuffle
         self.epoch = 0
         self.offset = 0
         self._order: np.ndarray | None = None
@@ -64,7 +72,11 @@ class ResumableSampler:
     def order(self, epoch: int) -> np.ndarray:
         """The permutation of example ids for ``epoch`` (pure function of seed and epoch)."""
         if self._order_epoch != epoch or self._order is None:
-            self._order = np.random.default_rng([self.seed, epoch]).permutation(self.num_examples)
+            self._order = (
+                np.random.default_rng([self.seed, epoch]).permutation(self.num_examples)
+                if self.shuffle
+                else np.arange(self.num_examples)
+            )
             self._order_epoch = epoch
         return self._order
 
@@ -78,6 +90,19 @@ class ResumableSampler:
             self.epoch += 1
             self.offset = 0
         return epoch, ids
+
+    def rest_of_epoch(self) -> list[np.ndarray]:
+        """The ids of every batch left in the current epoch, without moving the cursor.
+
+        What a ``DataLoader`` is handed as its ``batch_sampler``: prefetching workers
+        may run ahead, but the cursor (the checkpointed position) moves only as the
+        loop consumes batches (:meth:`next_batch`).
+        """
+        order, end = self.order(self.epoch), self._epoch_end()
+        return [
+            order[start : min(start + self.batch_size, end)].copy()
+            for start in range(self.offset, end, self.batch_size)
+        ]
 
     def peek(self) -> np.ndarray:
         """The ids of the next batch, without advancing the cursor."""
@@ -93,14 +118,17 @@ class ResumableSampler:
             "num_examples": self.num_examples,
             "batch_size": self.batch_size,
             "drop_last": self.drop_last,
+            "shuffle": self.shuffle,
         }
 
     def check_state_dict(self, state: dict[str, Any]) -> list[str]:
         """Why ``state`` cannot be loaded here: a cursor over other data means other examples."""
+        # checkpoints older than the shuffle option always shuffled
+        saved = {"shuffle": True, **state}
         return [
-            f"sampler.{key}: checkpoint {state.get(key)!r}, this run {getattr(self, key)!r}"
-            for key in ("seed", "num_examples", "batch_size", "drop_last")
-            if state.get(key) != getattr(self, key)
+            f"sampler.{key}: checkpoint {saved.get(key)!r}, this run {getattr(self, key)!r}"
+            for key in ("seed", "num_examples", "batch_size", "drop_last", "shuffle")
+            if saved.get(key) != getattr(self, key)
         ]
 
     def load_state_dict(self, state: dict[str, Any]) -> None:

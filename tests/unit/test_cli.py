@@ -17,6 +17,7 @@ def test_public_surface_is_pinned():
             "CheckpointConfig",
             "Checkpointer",
             "Journal",
+            "ResumableLoader",
             "ResumableSampler",
             "RunConfig",
             "Stateful",

@@ -69,3 +69,20 @@ def test_missing_tensor_reference():
 def test_bad_json_names_file():
     with pytest.raises(FormatError, match="state.json"):
         codec.loads_json(b"\xff{", name="state.json")
+
+
+def test_a_tensor_twice_in_a_tree_is_stored_once_and_joined_as_one():
+    w = torch.randn(3, 2)
+    tree = {
+        "a": w,
+        "b": w,
+        "copy": w.clone(),
+        "row": w[0],
+        "e1": torch.empty(0),
+        "e2": torch.empty(0),
+    }
+    skeleton, tensors = codec.split(tree)
+    assert sorted(tensors) == ["a", "copy", "e1", "e2", "row"]
+    back = codec.join(skeleton, tensors)
+    assert back["a"] is back["b"]
+    assert back["e1"] is not back["e2"]

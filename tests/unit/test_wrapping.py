@@ -69,3 +69,56 @@ def test_a_model_that_does_not_fit_is_still_refused_with_its_names():
     wider.components["model"] = torch.compile(wider.components["model"])
     with pytest.raises(IncompatibleStateError, match=r"_orig_mod\.0\.weight: checkpoint shape"):
         wider.load_state_dict(tree)
+
+
+class Tied(torch.nn.Module):
+    """nanoGPT's layout: the output projection is the token embedding."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.wte = torch.nn.Embedding(11, 4)
+        self.lm_head = torch.nn.Linear(4, 11, bias=False)
+        self.lm_head.weight = self.wte.weight
+
+
+def test_tied_weights_are_stored_once_and_come_back_tied(tmp_path):
+    from safetensors import safe_open
+
+    from recovery.config import CheckpointConfig
+    from recovery.run.checkpointer import Checkpointer
+    from recovery.state.registry import TrainState
+
+    def state(seed):
+        torch.manual_seed(seed)
+        model = Tied()
+        opt = torch.optim.SGD(model.parameters(), lr=0.1)
+        sched = torch.optim.lr_scheduler.StepLR(opt, 1)
+        return model, TrainState(model=model, optimizer=opt, scheduler=sched, sampler=Cursor())
+
+    model, saved = state(0)
+    ckpt = Checkpointer(CheckpointConfig(every_steps=1), tmp_path / "run", final_step=1)
+    ckpt.restore(saved, None)
+    path = ckpt.save(saved, 1, sync=True)
+    ckpt.close()
+    keys = []
+    for f in path.rglob("*.safetensors"):
+        with safe_open(f, "pt") as fh:
+            keys += list(fh.keys())
+    assert len([k for k in keys if k.endswith("weight")]) == 1, keys
+
+    other, restored = state(1)
+    ckpt = Checkpointer(CheckpointConfig(every_steps=1), tmp_path / "run", final_step=1)
+    assert ckpt.restore(restored, "latest") == 1
+    ckpt.close()
+    assert other.lm_head.weight is other.wte.weight
+    assert torch.equal(other.wte.weight, model.wte.weight)
+
+
+class Cursor:
+    """A stand-in data position (the continuation contract wants one)."""
+
+    def state_dict(self):
+        return {"offset": 0}
+
+    def load_state_dict(self, state):
+        pass
