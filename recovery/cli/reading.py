@@ -23,6 +23,7 @@ from recovery.cli.common import (
     signer_text,
     trust_of,
 )
+from recovery.provenance import lineage
 from recovery.state.registry import MODEL
 from recovery.tools import audit
 
@@ -111,7 +112,14 @@ def audit_text(report: audit.Report) -> str:
             parts.append(link.purpose)
         if link.run_id:
             parts.append(f"run {str(link.run_id)[:8]}")
-        if link.status == audit.OK:
+        if link.status == audit.OK and link.imported:
+            src = link.imported
+            parts.append(f"signer {signer_text(link.signer)}")
+            parts.append(
+                f"imported from {src.get('kind')} {src.get('source')} (source sha256 "
+                f"{str(src.get('sha256'))[:16]}), origin {src.get('origin')}"
+            )
+        elif link.status == audit.OK:
             code = link.code or {}
             parts.append(f"signer {signer_text(link.signer)}")
             commit = code.get("commit")
@@ -141,7 +149,14 @@ def audit_text(report: audit.Report) -> str:
             out.append(f"      error: {link.error}")
     if report.lineage:
         first = report.lineage[0]
-        out.append(f"  -- start of run {str(first.get('run_id'))[:8]} (fresh)")
+        if first.get("kind") == lineage.IMPORT:
+            source = first.get("imported") or {}
+            out.append(
+                f"  -- imported weights ({source.get('kind')}, {source.get('source')}): "
+                "origin unverified, the source carried no signature"
+            )
+        else:
+            out.append(f"  -- start of run {str(first.get('run_id'))[:8]} (fresh)")
         kinds = [s.get("kind") for s in report.lineage]
         out.append(
             f"segments: {len(kinds)} ({', '.join(str(k) for k in kinds)}); "

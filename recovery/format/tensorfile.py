@@ -19,6 +19,10 @@ a second time. The tests check both directions against the official library.
 
 Hashing runs in a helper thread, overlapped with the I/O (both release the
 GIL), so the digest costs no second pass.
+
+Every file's header carries ``__metadata__`` ``{"format": "pt"}``: Hugging Face's
+loaders (``transformers``' ``from_pretrained``) warn about, or refuse, a
+safetensors file whose metadata does not name its framework.
 """
 
 from __future__ import annotations
@@ -40,6 +44,9 @@ from recovery.format import bounded
 from recovery.format.manifest import FileRecord
 
 CHUNK = 8 << 20
+
+METADATA: dict[str, str] = {"format": "pt"}
+"""What every header's ``__metadata__`` holds (the framework, as Hugging Face expects)."""
 
 DTYPES: dict[torch.dtype, str] = {
     torch.float64: "F64",
@@ -72,12 +79,13 @@ def _raw(t: torch.Tensor) -> memoryview:
 def header(tensors: Mapping[str, torch.Tensor], metadata: Mapping[str, str] | None = None) -> bytes:
     """The length prefix and JSON header for ``tensors`` laid out in the given order.
 
+    ``__metadata__`` is :data:`METADATA` updated with ``metadata`` (string values only,
+    as the format requires).
+
     Raises:
         FormatError: a dtype safetensors cannot store.
     """
-    entries: dict[str, object] = {}
-    if metadata:
-        entries["__metadata__"] = dict(metadata)
+    entries: dict[str, object] = {"__metadata__": {**METADATA, **(metadata or {})}}
     offset = 0
     for key, t in tensors.items():
         if t.dtype not in DTYPES:
@@ -119,8 +127,12 @@ def size_of(tensors: Mapping[str, torch.Tensor]) -> int:
 _BY_NAME = {name: dtype for dtype, name in DTYPES.items()}
 
 
-def views(buffer: torch.Tensor, *, name: str) -> dict[str, torch.Tensor]:
+def views(
+    buffer: torch.Tensor, *, name: str, advice: str = "the file was not written by this tool"
+) -> dict[str, torch.Tensor]:
     """Tensors over ``buffer`` (a uint8 tensor holding a whole safetensors file), no copy.
+
+    ``advice`` ends the error message (what the reader should do about a bad file).
 
     Raises:
         FormatError: naming the file, when the bytes are not a well-formed
@@ -128,10 +140,7 @@ def views(buffer: torch.Tensor, *, name: str) -> dict[str, torch.Tensor]:
     """
 
     def bad(what: str) -> FormatError:
-        return FormatError(
-            f"{name}: expected a safetensors file, found {what}; the file was not written "
-            "by this tool"
-        )
+        return FormatError(f"{name}: expected a safetensors file, found {what}; {advice}")
 
     total = buffer.numel()
     if total < 8:

@@ -8,7 +8,8 @@ Every artifact's statement carries:
 - ``parent``: a link to the checkpoint this run segment resumed or was
   warm-started from, with its ``kind``;
 - ``lineage``: the list of run segments from the original start: each a
-  ``start``, ``resume`` or ``warm_start`` with its run id, the step it began
+  ``start``, ``resume``, ``warm_start`` or ``import`` (weights brought in by
+  ``recovery import``, whose origin is unverified) with its run id, the step it began
   at, the link it came from and any drift found then. It only grows, so a
   segment's index (``segment`` in each artifact) stays valid, and an audit can
   jump over checkpoints that retention deleted.
@@ -29,6 +30,8 @@ from recovery.format.manifest import Manifest
 START = "start"
 RESUME = "resume"
 WARM_START = "warm_start"
+IMPORT = "import"
+"""The first segment of an imported artifact: weights from outside, origin unverified."""
 
 
 def link(manifest: Manifest, path: Path, root: Path | None) -> dict[str, Any]:

@@ -2,18 +2,22 @@
 
 The walk follows each artifact's ``previous`` link; an artifact that is still
 on disk is verified in full (signature, trust, hashes, purpose contract) and
-the walk continues from its own links. Checkpoints deleted by retention are
-shown as ``pruned`` with the digest recorded for them, and the walk jumps to
-the start of the run segment they belonged to (the checkpoint that segment
-resumed or was warm-started from), using the ``lineage`` list every artifact
-carries. It ends at the segment that started fresh.
+the walk continues from its own links. The walk ends at an imported artifact
+(``recovery import``), marked ``imported`` with its origin unverified: its
+weights came from outside, with no run before them. Checkpoints deleted by
+retention are shown as ``pruned`` with the digest recorded for them, and the
+walk jumps to the start of the run segment they belonged to (the checkpoint
+that segment resumed or was warm-started from), using the ``lineage`` list
+every artifact carries. It ends at the segment that started fresh.
 
 Artifacts are found by digest, not by name, under the checkpoint root (by
-default the directory above the artifact's run directory), so a renamed or
-replaced directory is never mistaken for the one that was recorded, and a
-checkpoint of an abandoned branch (moved to ``<run>/abandoned/<branch>/`` when
-the run resumed from an earlier step) is found where it lies now. Such a
-checkpoint, the target or a link, is audited like any other and marked
+default the directory above the artifact's run directory), or where the link
+records them when the root holds none with that digest (an imported artifact
+under any name, or outside the root), so a renamed or replaced directory is
+never mistaken for the one that was recorded, and a checkpoint of an
+abandoned branch (moved to ``<run>/abandoned/<branch>/`` when the run resumed
+from an earlier step) is found where it lies now. Such a checkpoint, the
+target or a link, is audited like any other and marked
 ``abandoned`` (branch, run directory). The target is verified first; the root
 is indexed only when there is a link to follow, by
 :func:`~recovery.tools.audit_index.index`, whose walk is bounded, stays under
@@ -34,7 +38,14 @@ from recovery.format.layout import SIGNATURE_FILE
 from recovery.format.manifest import Manifest
 from recovery.integrity.signing import TrustStore
 from recovery.run import resume
-from recovery.tools.audit_index import Index, abandoned_of, default_root, index, run_dir_of
+from recovery.tools.audit_index import (
+    Index,
+    abandoned_of,
+    at_recorded,
+    default_root,
+    index,
+    run_dir_of,
+)
 
 __all__ = [
     "FAILED",
@@ -81,6 +92,9 @@ class Link:
     """What changed between this link and the newer one above it (code, dependencies, ...)."""
     abandoned: dict[str, str] | None = None
     """Found in a run's ``abandoned/<branch>/``: ``branch``, ``run_dir`` (moved out of it)."""
+    imported: dict[str, Any] | None = None
+    """Weights ``recovery import`` brought in: the source's ``kind``, ``source`` path and
+    ``sha256``, and ``origin`` ``unverified`` (nothing vouches for who produced them)."""
     error: str | None = None
     exception: RecoveryError | None = field(default=None, repr=False)
 
@@ -140,7 +154,15 @@ def _describe(mf: Manifest, path: Path, relation: str) -> Link:
         dataset=prov.get("dataset", {}).get("version") or prov.get("dataset", {}).get("source"),
         world_size=rec.get("world_size"),
         abandoned=abandoned_of(path),
+        imported=_imported(prov),
     )
+
+
+def _imported(prov: dict[str, Any]) -> dict[str, Any] | None:
+    record = prov.get("imported")
+    if not isinstance(record, dict):
+        return None
+    return {k: record.get(k) for k in ("kind", "source", "sha256", "origin")}
 
 
 def _dev(rec: dict[str, Any]) -> bool:
@@ -218,7 +240,8 @@ def audit(
         seg = _segment(segments, ref)
         if known is None:  # only now: a target with no links never walks the root
             known = index(root, first=run_dir_of(path))
-        where = known.found.get(digest)
+        # an artifact not named step-N (an import) or outside the root: where it was recorded
+        where = known.found.get(digest) or at_recorded(ref, root)
         if where is not None:
             try:
                 loaded = resume.load(where, trust, allow_untrusted=allow_untrusted)
@@ -229,7 +252,7 @@ def audit(
                 continue
             link = _describe(loaded.manifest, where, relation)
             prov_older = loaded.manifest.recovery.get("provenance", {})
-            if prov_newer is not None:
+            if prov_newer is not None and link.imported is None:  # no run to differ from
                 link.drift = _flags(prov_newer, prov_older)
             links.append(link)
             prov_newer = prov_older

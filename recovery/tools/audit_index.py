@@ -209,6 +209,22 @@ def _depth(path: Path, root: Path) -> int | None:
         return None
 
 
+def at_recorded(ref: dict[str, object], root: Path) -> Path | None:
+    """The directory a link records (its ``path``: relative to ``root``, or absolute) when
+    its ``model.sig`` claims the link's digest; ``None`` otherwise. For an artifact the
+    index does not list: one not named ``step-N`` (an imported artifact under any name),
+    or one outside the root; a step directory under the root is the index's alone.
+    Nothing is trusted here: the audit verifies it in full."""
+    recorded, digest = ref.get("path"), ref.get("sha256")
+    if not isinstance(recorded, str) or not recorded or not isinstance(digest, str):
+        return None
+    path = Path(recorded) if os.path.isabs(recorded) else root / recorded
+    if parse_step(path.name) is not None and _depth(path, root) is not None:
+        return None  # the index's to find: not there means moved, replaced or deleted
+    claimed, _ = _claimed_digest(path / SIGNATURE_FILE)
+    return path if claimed == digest else None
+
+
 def _claimed_digest(sig: Path) -> tuple[str | None, str]:
     """The root digest ``sig`` claims, or None and why it cannot be read.
 

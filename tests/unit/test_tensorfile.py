@@ -47,6 +47,16 @@ def test_header_is_aligned_and_metadata_kept():
     assert safetensors.torch.load(blob)["a"].shape == (3,)
 
 
+def test_every_file_says_format_pt_so_hf_loaders_accept_it(tmp_path):
+    # transformers warns about (or refuses) a safetensors file without {"format": "pt"}
+    tensorfile.write_stream(tmp_path / "t", tensorfile.chunks({"a": torch.zeros(3)}))
+    with safetensors.safe_open(tmp_path / "t", "pt") as f:
+        assert f.metadata() == {"format": "pt"}
+    head = tensorfile.header({"a": torch.zeros(3)}, metadata={"note": "x"})
+    blob = head + torch.zeros(3).numpy().tobytes()
+    assert safetensors.deserialize(blob) and b'"format":"pt","note":"x"' in head
+
+
 def test_large_tensor_streams_in_chunks(tmp_path):
     big = torch.randn(tensorfile.CHUNK // 4 * 3 + 5)
     parts = list(tensorfile.chunks({"big": big}))

@@ -1,0 +1,248 @@
+"""Refuse a ``torch.save`` file whose pickle could run code, before anything is unpickled.
+
+A pickle is a program: ``GLOBAL``/``STACK_GLOBAL``/``INST`` name any importable
+callable and ``REDUCE`` calls it, so loading a stranger's ``.pt``, ``.ckpt`` or
+``pytorch_model.bin`` can run ``os.system``. :func:`scan` reads the opcodes with
+:func:`pickletools.genops`, which executes nothing, and refuses any global
+outside :data:`ALLOWED`: what a plain state dict needs (tensors rebuilt from
+their storages, ``OrderedDict``, ``torch.Size``, dtypes, devices, sets and
+bytes). Only then may the caller load the same bytes with
+``torch.load(weights_only=True)``, whose own allowlist is a second, independent
+check. The scan covers every pickle ``torch.load`` reads:
+
+- a zip archive (torch >= 1.6): every ``*.pkl`` member (``<archive>/data.pkl``);
+  duplicate member names are refused, since two zip readers may pick different
+  ones;
+- the legacy format: the five pickles at the start of the file (magic number,
+  protocol, system info, the object, the storage keys), then raw storage bytes.
+
+Anything else (a plain pickle, a tar, a truncated file) is refused: ``torch.load``
+would either fail on it or, for a plain pickle, be reading something no
+``torch.save`` wrote. Every refusal is a :class:`~recovery.errors.FormatError`
+naming the file, what was expected, what was found and what to do.
+"""
+
+from __future__ import annotations
+
+import io
+import pickletools
+import zipfile
+from typing import Any
+
+import torch
+
+from recovery.errors import FormatError
+from recovery.format.tensorfile import DTYPES
+
+MAX_PICKLE = 256 << 20
+"""Largest pickle member scanned; a state dict's pickle is ~100 bytes per tensor."""
+
+LEGACY_MAGIC = 0x1950A86A20F9469CFC6C
+"""``torch.serialization.MAGIC_NUMBER``: the first pickle of a legacy ``torch.save`` file."""
+LEGACY_PICKLES = 5
+
+_STORAGES = ("BFloat16", "Bool", "Byte", "Char", "Double", "Float", "Half", "Int", "Long", "Short")
+ALLOWED: frozenset[str] = frozenset(
+    {
+        "collections.OrderedDict",
+        "torch._utils._rebuild_tensor_v2",
+        "torch._utils._rebuild_tensor_v3",
+        "torch._utils._rebuild_parameter",
+        "torch.storage.UntypedStorage",
+        "torch.Size",
+        "torch.device",
+        "builtins.set",
+        "builtins.frozenset",
+        "_codecs.encode",  # how protocol 2 spells a bytes object
+        *(f"torch.{kind}Storage" for kind in _STORAGES),
+        *(str(dtype) for dtype in DTYPES),  # torch.float32, ...: the dtypes we can store
+    }
+)
+"""Every global a plain state dict's pickle needs, as ``module.name``."""
+
+_STRINGS = frozenset(
+    [
+        "SHORT_BINUNICODE",
+        "BINUNICODE",
+        "BINUNICODE8",
+        "UNICODE",
+        "STRING",
+        "BINSTRING",
+        "SHORT_BINSTRING",
+    ]
+)
+_PUTS = ("PUT", "BINPUT", "LONG_BINPUT", "MEMOIZE")
+_GETS = ("GET", "BINGET", "LONG_BINGET")
+_INTS = ("INT", "BININT", "BININT1", "BININT2", "LONG", "LONG1", "LONG4")
+_UNKNOWN = object()
+
+
+ADVICE = (
+    "if you trust the file, load it where you trust it, save only its tensors "
+    "(safetensors.torch.save_file(state_dict, 'model.safetensors')) and import that"
+)
+
+
+def _name(module: str, attr: str) -> str:
+    # protocol 2 spells builtins the Python 2 way; the unpickler maps it back (fix_imports)
+    return f"{'builtins' if module == '__builtin__' else module}.{attr}"
+
+
+def _one(data: bytes | io.BytesIO, *, name: str) -> list[Any]:
+    """Scan one pickle (up to its ``STOP``); return the ints it pushes (the legacy magic).
+
+    A ``STACK_GLOBAL`` is accepted only when the two values it pops are strings the scan
+    can see (pushed just before, or fetched from a memo slot known to hold one); memo
+    slots are tracked exactly (``MEMOIZE`` stores at the memo's current size).
+
+    Raises:
+        FormatError: a global outside :data:`ALLOWED`, an extension-registry reference,
+            or bytes that are not a whole pickle.
+    """
+    memo: dict[int, Any] = {}
+    recent: list[Any] = []  # values pushed by the latest run of push ops, newest last
+    ints: list[Any] = []
+    texts: list[str] = []  # the latest strings seen: where in the data a refusal is
+
+    def refuse(found: str, pos: int, *, names: int = 0) -> FormatError:
+        before = texts[: len(texts) - names][-1:]
+        near = f" (after the string {before[0]!r})" if before else ""
+        return FormatError(
+            f"{name}: expected a plain state dict's pickle (tensors, OrderedDict, torch.Size, "
+            f"dtypes), found {found} at byte {pos}{near}; nothing was unpickled; {ADVICE}"
+        )
+
+    try:
+        for op, arg, pos in pickletools.genops(data):
+            pos = pos or 0
+            if op.name in ("GLOBAL", "INST"):
+                module, _, attr = str(arg).partition(" ")
+                target = _name(module, attr)
+                if target not in ALLOWED:
+                    raise refuse(f"a reference to {target}", pos)
+                recent = [_UNKNOWN]
+            elif op.name == "STACK_GLOBAL":
+                pair = recent[-2:]
+                if len(pair) < 2 or not all(isinstance(v, str) for v in pair):
+                    raise refuse("a global whose name the scan cannot read", pos)
+                target = _name(pair[0], pair[1])
+                if target not in ALLOWED:
+                    raise refuse(f"a reference to {target}", pos, names=2)
+                recent = [_UNKNOWN]
+            elif op.name.startswith("EXT"):
+                raise refuse("an extension-registry reference (copyreg)", pos)
+            elif op.name in _STRINGS:
+                text = arg.decode("latin-1") if isinstance(arg, bytes) else str(arg)
+                recent.append(text)
+                texts = [*texts[-2:], text[:40]]
+            elif op.name in _PUTS:  # stores the top of the stack; the stack is unchanged
+                slot = len(memo) if op.name == "MEMOIZE" else int(str(arg))
+                memo[slot] = recent[-1] if recent else _UNKNOWN
+            elif op.name in _GETS:
+                recent.append(memo.get(int(str(arg)), _UNKNOWN))
+            elif op.name == "STOP":
+                return ints
+            elif op.name in ("FRAME", "PROTO"):  # framing and the header: no stack effect
+                continue
+            else:
+                if op.name in _INTS:
+                    ints.append(arg)
+                recent = [_UNKNOWN]  # anything else: the scan no longer knows the stack top
+    except FormatError:
+        raise
+    except ValueError as err:  # genops: an unknown opcode, or bytes that end mid-pickle
+        raise FormatError(
+            f"{name}: expected a whole pickle, found {err} (truncated or corrupt); nothing "
+            "was unpickled; fetch the file again",
+        ) from None
+    raise FormatError(f"{name}: expected a pickle ending in STOP, found none; fetch it again")
+
+
+def _scan_zip(data: bytes, *, name: str) -> None:
+    try:
+        archive = zipfile.ZipFile(io.BytesIO(data))
+        members = archive.infolist()
+    except (zipfile.BadZipFile, ValueError, OSError) as err:
+        raise FormatError(
+            f"{name}: expected a torch.save zip archive, found {err} (truncated or corrupt); "
+            "nothing was unpickled; fetch the file again"
+        ) from None
+    names = [m.filename for m in members]
+    if len(set(names)) != len(names):
+        dup = next(n for n in names if names.count(n) > 1)
+        raise FormatError(
+            f"{name}: expected a torch.save archive, found the member {dup} twice; refusing "
+            "to guess which one torch.load would read"
+        )
+    pickles = [m for m in members if m.filename.endswith(".pkl")]
+    if not any(m.filename.split("/")[-1] == "data.pkl" for m in pickles):
+        raise FormatError(
+            f"{name}: expected a torch.save archive holding data.pkl, found members "
+            f"{names[:5]}; it is not a PyTorch checkpoint"
+        )
+    for member in pickles:
+        where = f"{name}:{member.filename}"
+        if member.file_size > MAX_PICKLE:
+            raise FormatError(
+                f"{where}: expected a pickle of at most {MAX_PICKLE} bytes, found "
+                f"{member.file_size}; " + ADVICE
+            )
+        try:
+            blob = archive.read(member)
+        except (zipfile.BadZipFile, ValueError, OSError, EOFError) as err:
+            raise FormatError(
+                f"{where}: cannot be read ({err}); the archive is corrupt; fetch it again"
+            ) from None
+        _one(blob, name=where)
+
+
+def _scan_legacy(data: bytes, *, name: str) -> None:
+    stream = io.BytesIO(data)
+    for i in range(LEGACY_PICKLES):
+        ints = _one(stream, name=name)
+        if i == 0 and ints != [LEGACY_MAGIC]:
+            raise FormatError(
+                f"{name}: expected a torch.save file (a zip archive, or the legacy format "
+                "that starts with torch's magic number), found a plain pickle; nothing was "
+                "unpickled; " + ADVICE
+            )
+
+
+def scan(data: bytes, *, name: str) -> str:
+    """Check every pickle ``torch.load`` would read in ``data`` (a ``torch.save`` file).
+
+    Returns:
+        ``"zip"`` or ``"legacy"``: the file's layout.
+
+    Raises:
+        FormatError: it is neither layout, is truncated or corrupt, or references a
+            global outside :data:`ALLOWED`; nothing was unpickled.
+    """
+    if data[:4] == b"PK\x03\x04":
+        _scan_zip(data, name=name)
+        return "zip"
+    if data[:1] == b"\x80":  # a pickle's PROTO opcode
+        _scan_legacy(data, name=name)
+        return "legacy"
+    raise FormatError(
+        f"{name}: expected a torch.save file (a zip archive or a pickle), found "
+        f"{len(data)} bytes starting {data[:8]!r}; it is not a PyTorch checkpoint"
+    )
+
+
+def load(data: bytes, *, name: str) -> Any:
+    """:func:`scan` ``data``, then ``torch.load`` those same bytes with ``weights_only=True``
+    onto the CPU (from memory: a path could be swapped between the scan and the load).
+
+    Raises:
+        FormatError: as :func:`scan`, or ``torch.load`` refused or failed on it.
+    """
+    scan(data, name=name)
+    try:
+        return torch.load(io.BytesIO(data), map_location="cpu", weights_only=True)
+    except Exception as err:  # torch raises RuntimeError, UnpicklingError, EOFError, ...
+        first = str(err).strip().splitlines()[0] if str(err).strip() else type(err).__name__
+        raise FormatError(
+            f"{name}: expected a torch.save file that torch.load(weights_only=True) reads, "
+            f"found it refused or failed ({type(err).__name__}: {first[:200]}); " + ADVICE
+        ) from None
