@@ -46,7 +46,8 @@ from recovery.run import policy
 from recovery.run.checkpointer import Checkpointer
 from recovery.run.journal import Journal
 from recovery.run.preemption import PreemptionGuard
-from recovery.state.health import WARN, HealthMonitor, UpdateProbe, Verdict
+from recovery.run.watch import report
+from recovery.state.health import HealthMonitor, UpdateProbe
 from recovery.state.registry import TrainState
 
 log = logging.getLogger(__name__)
@@ -164,7 +165,8 @@ def make_checkpointer(
             for name, node in cfg.purposes.items()
         },
         journal=journal,
-        preemption=preemption,
+        preemption=preemption if preemption is not None else False,
+        health=False,  # the recipes register and feed their own monitor (health_monitor)
         world=world,
         seed=int(cfg.seed),
         strategy=strategy,
@@ -205,17 +207,6 @@ def ignored(ckpt: Checkpointer, journal: Journal, fixed: dict[str, str]) -> None
         log.warning("OVERRIDE IGNORED: %s", line)
     if lines:
         journal.write({"event": "override_ignored", "lines": lines})
-
-
-def report(journal: Journal, step: int, verdict: Verdict | None) -> None:
-    """Log a resume-health verdict (a warning when it departed) and journal it."""
-    if verdict is None:
-        return
-    if verdict.status == WARN:
-        log.warning("%s", verdict.describe())
-    else:
-        log.info("%s", verdict.describe())
-    journal.write({**verdict.record(), "step": step})
 
 
 def train(

@@ -1,16 +1,32 @@
 """recovery: exact, verified recovery of PyTorch training runs.
 
-The public surface is small: a :class:`TrainState` of the run's stateful
-pieces, a :class:`Checkpointer` that saves and restores it atomically, a
-:class:`ResumableSampler` whose data position is part of that state, and the
-verifying reader. See README.md for the formats and the CLI.
+Everything an own training loop needs: a :class:`TrainState` of the run's
+stateful pieces (with declared absences), a :class:`Checkpointer` that saves
+and restores it atomically, signed, with sensible defaults (the dev key, the
+journal in the run directory, preemption signals), the data position
+(:class:`ResumableLoader`, :class:`ResumableSampler`), the journal's per-step
+record (:meth:`Checkpointer.record`, :class:`Journal`), the resume health
+monitor, the verifying reader and the errors it raises. See README.md for the
+formats and the CLI.
 """
 
-from recovery.config import CheckpointConfig, RunConfig, TrainConfig
+from recovery.config import CheckpointConfig, HealthConfig, RunConfig, TrainConfig
+from recovery.errors import (
+    CheckpointNotFoundError,
+    CommitError,
+    ConfigError,
+    IncompatibleStateError,
+    Preempted,
+    PurposeError,
+    RecoveryError,
+    VerificationError,
+)
 from recovery.integrity.reader import read_verified
 from recovery.run.checkpointer import Checkpointer
 from recovery.run.journal import Journal
+from recovery.run.preemption import PreemptionGuard
 from recovery.run.resume import select
+from recovery.state.health import HealthMonitor
 from recovery.state.loader import ResumableLoader
 from recovery.state.registry import Stateful, TrainState
 from recovery.state.sampler import ResumableSampler
@@ -19,14 +35,25 @@ from recovery.version import __version__ as __version__
 
 __all__ = [
     "CheckpointConfig",
+    "CheckpointNotFoundError",
     "Checkpointer",
+    "CommitError",
+    "ConfigError",
+    "HealthConfig",
+    "HealthMonitor",
+    "IncompatibleStateError",
     "Journal",
+    "Preempted",
+    "PreemptionGuard",
+    "PurposeError",
+    "RecoveryError",
     "ResumableLoader",
     "ResumableSampler",
     "RunConfig",
     "Stateful",
     "TrainConfig",
     "TrainState",
+    "VerificationError",
     "load_inference",
     "read_verified",
     "select",

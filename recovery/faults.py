@@ -4,7 +4,8 @@ A process started with ``RECOVERY_PAUSE_AT=<point>`` (comma-separated for
 several) stops when it reaches that point: it writes the point's name to the
 file named by ``RECOVERY_PAUSE_MARK``, with its pid on the next line (so the
 driver knows it is there, and which process of a ``torchrun`` job to kill),
-and sleeps until it is killed. Points are ``step-<N>`` (after step N is recorded),
+and sleeps until it is killed. Points are ``step-<N>`` (after step N is recorded,
+on the way out of ``Checkpointer.maybe_save``: in any loop that calls it),
 and ``commit-<phase>-<N>`` inside the commit of step N's checkpoint, with phase
 ``write`` (a tensor file half written), ``before-manifest`` (all data files
 durable, manifest not yet written) and ``before-rename`` (manifest durable,

@@ -1,8 +1,17 @@
-"""``recovery drill``: kill-and-resume drill of a training script, or preflight of a checkpoint."""
+"""``recovery drill``: kill-and-resume drill of the project's ``train.py`` (Hydra overrides)
+or of any command (``-- CMD ... {run_dir} ...``), or preflight of a checkpoint.
+
+The positionals are a command, not overrides, when one holds ``{run_dir}`` or the first
+is no Hydra override (``key=value``, ``+key=value``, ``~key``): argparse drops the
+``--`` that separates them, and an executable's name is never ``key=value``.
+"""
 
 from __future__ import annotations
 
 import argparse
+import re
+import shlex
+import sys
 import time
 from pathlib import Path
 from typing import Any
@@ -10,52 +19,41 @@ from typing import Any
 from recovery import errors
 from recovery.cli.common import add_trust_flags, emit, trust_of
 from recovery.cli.overrides import compose
-from recovery.config import CheckpointConfig, DrillConfig, TrainConfig, typed
-from recovery.tools import drill
+from recovery.config import CheckpointConfig, DrillConfig, TrainConfig, parse_duration, typed
+from recovery.tools import drill, drill_command
+from recovery.tools.drill_verdict import Report
+
+_OVERRIDE = re.compile(r"^(~|\+{0,2}[\w.@/\[\]-]+=)")
+USAGE = 2
+"""Exit code of a bad command line (README's table), as argparse's own refusals."""
 
 
-def cmd_drill(args: argparse.Namespace) -> int:
-    if args.preflight:
-        result = drill.preflight(Path(args.preflight), trust_of(args))
-        emit(
-            args,
-            result,
-            f"preflight OK {result['path']}: step {result['step']}, lr {result['lr']}, "
-            f"next batch of {result['next_batch_size']} reproduced",
-        )
-        return 0
-    cfg = compose("drill", list(args.overrides))
-    from omegaconf import OmegaConf
+def command_of(positionals: list[str]) -> list[str] | None:
+    """The drilled command, if the positionals are one (see the module); else ``None``."""
+    if not positionals:
+        return None
+    if any(drill_command.RUN_DIR in p for p in positionals) or not _OVERRIDE.match(positionals[0]):
+        return positionals
+    return None
 
-    judged = typed(DrillConfig, OmegaConf.select(cfg, "drill", default=None), key="drill")
-    ck = typed(CheckpointConfig, cfg.checkpoint, key="checkpoint")
-    out = Path(args.out or f".recovery/drills/{time.strftime('%Y%m%d-%H%M%S')}")
-    plan = drill.Plan(
-        script=Path(args.script),
-        overrides=[
-            o for o in args.overrides if not o.startswith(("checkpoint.root=", "run.name="))
-        ],
-        steps=typed(TrainConfig, cfg.train, key="train").steps,
-        every=ck.every_steps,
-        out=out,
-        level=judged.level,
-        atol=judged.atol,
-        rtol=judged.rtol,
-        dvc=args.dvc,
-        keep_last=ck.keep_last,
-        keep_every=ck.keep_every,
-        keep_best=ck.keep_best,
-    )
-    report = drill.run(
-        plan,
-        kills=args.kills,
-        seed=args.seed,
-        trust=lambda: trust_of(args),
-        allow_untrusted=args.allow_untrusted,
-    )
+
+def _timeout(args: argparse.Namespace) -> float:
+    try:
+        return parse_duration(args.timeout)
+    except ValueError as err:
+        raise errors.ConfigError(f"drill --timeout: {err}") from None
+
+
+def _usage(message: str) -> int:
+    print(f"error: {message}", file=sys.stderr)
+    return USAGE
+
+
+def _verdict(args: argparse.Namespace, report: Report, what: str, out: Path) -> int:
+    """Print the report (text or ``--json``); a failed drill is a DrillError (exit 23)."""
     reached = sum(k["reached"] for k in report.kills)
     lines = [
-        f"drill of {args.script} {' '.join(args.overrides)}: {reached} kills "
+        f"drill of {what}: {reached} kills "
         f"({', '.join(k['point'] for k in report.kills)}), resumed at {report.resumes}",
         f"level {report.level}: "
         + (
@@ -75,14 +73,96 @@ def cmd_drill(args: argparse.Namespace) -> int:
     return 0
 
 
+def _drill_command(args: argparse.Namespace, command: list[str]) -> int:
+    """``recovery drill -- CMD ...``: usage errors are one line and exit 2."""
+    try:
+        drill_command.check_command(command)
+    except errors.ConfigError as err:  # to drill train.py instead, overrides are key=value
+        return _usage(f"{err} (or Hydra overrides key=value, to drill train.py)")
+    if args.dvc or args.script:
+        flag = "--dvc" if args.dvc else "--script"
+        return _usage(f"drill {flag}: only for the project's train.py, not with a command")
+    out = Path(args.out or f".recovery/drills/{time.strftime('%Y%m%d-%H%M%S')}")
+    plan = drill_command.CommandPlan(command=command, out=out, timeout_s=_timeout(args))
+    report = drill_command.run(
+        plan,
+        kills=args.kills,
+        seed=args.seed,
+        trust=lambda: trust_of(args),
+        allow_untrusted=args.allow_untrusted,
+    )
+    return _verdict(args, report, shlex.join(command), out)
+
+
+def cmd_drill(args: argparse.Namespace) -> int:
+    if args.preflight:
+        result = drill.preflight(Path(args.preflight), trust_of(args))
+        emit(
+            args,
+            result,
+            f"preflight OK {result['path']}: step {result['step']}, lr {result['lr']}, "
+            f"next batch of {result['next_batch_size']} reproduced",
+        )
+        return 0
+    command = command_of(list(args.overrides))
+    if command is not None:
+        return _drill_command(args, command)
+    cfg = compose("drill", list(args.overrides))
+    from omegaconf import OmegaConf
+
+    judged = typed(DrillConfig, OmegaConf.select(cfg, "drill", default=None), key="drill")
+    ck = typed(CheckpointConfig, cfg.checkpoint, key="checkpoint")
+    out = Path(args.out or f".recovery/drills/{time.strftime('%Y%m%d-%H%M%S')}")
+    script = args.script or "train.py"
+    plan = drill.Plan(
+        script=Path(script),
+        overrides=[
+            o for o in args.overrides if not o.startswith(("checkpoint.root=", "run.name="))
+        ],
+        steps=typed(TrainConfig, cfg.train, key="train").steps,
+        every=ck.every_steps,
+        out=out,
+        level=judged.level,
+        atol=judged.atol,
+        rtol=judged.rtol,
+        dvc=args.dvc,
+        keep_last=ck.keep_last,
+        keep_every=ck.keep_every,
+        keep_best=ck.keep_best,
+        timeout_s=_timeout(args),
+    )
+    report = drill.run(
+        plan,
+        kills=args.kills,
+        seed=args.seed,
+        trust=lambda: trust_of(args),
+        allow_untrusted=args.allow_untrusted,
+    )
+    return _verdict(args, report, f"{script} {' '.join(args.overrides)}", out)
+
+
 def register(sub: Any) -> None:
     """Add ``drill`` to the subcommands."""
-    p = sub.add_parser("drill", help="kill-and-resume drill (or --preflight PATH)")
-    p.add_argument("overrides", nargs="*", help="Hydra overrides for the drilled training run")
+    p = sub.add_parser(
+        "drill",
+        help="kill-and-resume drill of train.py, or of any command (-- CMD ... {run_dir} ...), "
+        "or --preflight PATH",
+    )
+    p.add_argument(
+        "overrides",
+        nargs="*",
+        help="Hydra overrides for the drilled train.py run; or, after --, a command whose "
+        "arguments name its run directory {run_dir} (it must restore 'latest' itself)",
+    )
     p.add_argument("--kills", type=int, default=10, help="SIGKILLs at random points (default 10)")
     p.add_argument("--seed", type=int, default=0, help="seed for choosing the kill points")
     p.add_argument("--out", help="where the runs, drill.json and drill.png go")
-    p.add_argument("--script", default="train.py", help="the training script (default train.py)")
+    p.add_argument("--script", help="the Hydra training script (default train.py)")
+    p.add_argument(
+        "--timeout",
+        default="30m",
+        help="the longest one run of the drilled program may take (default 30m; e.g. 90s)",
+    )
     p.add_argument("--preflight", metavar="PATH", help="check one real checkpoint instead")
     p.add_argument(
         "--dvc",

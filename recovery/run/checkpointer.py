@@ -7,7 +7,8 @@ save (cadence, milestones, preemption), what a save is (a
 retention, cost record, DVC). *Where* a save runs is :mod:`recovery.run.savers`;
 *how* bytes reach the disk, :mod:`recovery.integrity.commit`; *what* the state
 is, :class:`~recovery.state.registry.TrainState`; how a run begins (its
-restoring half), :class:`~recovery.run.restoring.Restoring`.
+restoring half), :class:`~recovery.run.restoring.Restoring`; what follows a commit
+and how it ends, :class:`~recovery.run.ending.Ending`.
 """
 
 from __future__ import annotations
@@ -21,10 +22,10 @@ from typing import Any
 
 import yaml
 
-from recovery.config import CheckpointConfig, SigningConfig, parse_duration
+from recovery import faults
+from recovery.config import CheckpointConfig, HealthConfig, SigningConfig
 from recovery.errors import Preempted, PurposeError
 from recovery.format.layout import step_dir_name
-from recovery.format.manifest import Manifest
 from recovery.integrity import trust as keys
 from recovery.integrity.lock import RunLock
 from recovery.integrity.signing import Signer, TrustStore
@@ -32,17 +33,17 @@ from recovery.parallel import multirank
 from recovery.parallel import world as distributed
 from recovery.parallel.world import World
 from recovery.provenance import capture as prov
-from recovery.provenance import lineage, purpose
+from recovery.provenance import purpose
 from recovery.provenance.purpose import BUILTIN, PurposeSpec
 from recovery.run import cadence, retention, savers
 from recovery.run import job as job_mod
 from recovery.run import restore as begin
 from recovery.run.cadence import Cadence
+from recovery.run.ending import Ending
 from recovery.run.job import SaveJob
 from recovery.run.journal import Journal
 from recovery.run.preemption import PreemptionGuard
-from recovery.run.restoring import Restoring
-from recovery.run.savers import Cost
+from recovery.run.restoring import defaults
 from recovery.state import wrapping
 from recovery.state.registry import MODEL, TrainState
 from recovery.storage import tracking
@@ -52,7 +53,7 @@ log = logging.getLogger(__name__)
 WARM_START_DIR = "warm_start"
 
 
-class Checkpointer(Restoring):
+class Checkpointer(Ending):
     """Saves and restores one run's :class:`TrainState`, signed, with provenance and lineage.
 
     Args:
@@ -69,9 +70,16 @@ class Checkpointer(Restoring):
         config: the resolved config with secrets redacted (``config.yaml``, drift).
         model_config: what rebuilds the model (stored for warm starts).
         purposes: contracts by purpose name; default :data:`recovery.provenance.purpose.BUILTIN`.
-        journal: the run's ``metrics.jsonl``; start, resume and checkpoint-cost events go there.
+        journal: the run's ``metrics.jsonl`` (default ``<run_dir>/metrics.jsonl``): start,
+            resume, warning and checkpoint-cost events and the per-step records
+            (:meth:`record`) go there.
         preemption: the run's signal guard; a request turns into a checkpoint and
-            :class:`~recovery.errors.Preempted` at the next step boundary.
+            :class:`~recovery.errors.Preempted` at the next step boundary. Default: one
+            for ``cfg.preempt_signals``, installed by :meth:`restore` (main thread
+            only) and uninstalled by :meth:`close`; ``False``: no signals are caught.
+        health: the resume health monitor's settings (default
+            :class:`~recovery.config.HealthConfig`), used when the state registers no
+            ``health`` of its own (:mod:`recovery.run.watch`); ``False``: none.
         world: this process's rank and the job's size (``torchrun``); every rank
             runs a checkpointer, rank 0 alone commits (:mod:`recovery.parallel.multirank`).
         seed: the run's seed, from which a resume on another world size reseeds.
@@ -92,7 +100,8 @@ class Checkpointer(Restoring):
         model_config: dict[str, Any] | None = None,
         purposes: Mapping[str, PurposeSpec] | None = None,
         journal: Journal | None = None,
-        preemption: PreemptionGuard | None = None,
+        preemption: PreemptionGuard | bool | None = None,
+        health: HealthConfig | bool | None = None,
         world: World = distributed.SINGLE,
         seed: int = 0,
         strategy: str = "ddp",
@@ -118,11 +127,13 @@ class Checkpointer(Restoring):
             world_size=world.size,
         )
         self.purposes = dict(purposes or BUILTIN)
-        self.journal = journal
+        self.journal, self.preemption, self._health, self._owned = defaults(
+            cfg, run_dir, world, journal=journal, preemption=preemption, health=health
+        )
+        self._watch = None
         self.identity = begin.Identity(run_id=uuid.uuid4().hex, lineage=[])
         """The run's id, lineage and links; a restore replaces it."""
         self.last_saved: int | None = None
-        self.preemption = preemption
         self.cadence = Cadence(cfg, final_step=final_step)
         self._saver = savers.choose(
             async_save=cfg.async_save,
@@ -155,6 +166,9 @@ class Checkpointer(Restoring):
         ``metrics`` may be a callable, evaluated only when a checkpoint is written
         (an evaluation pass costs nothing on the other steps).
 
+        On its way out it is the :mod:`recovery.faults` point ``step-<step>``, so a drill
+        kills any loop that calls it between steps, as it kills the recipes.
+
         Raises:
             CommitError: a background save failed (raised at the first step after it did).
             Preempted: a preemption signal arrived; a checkpoint of ``step`` is committed.
@@ -168,16 +182,24 @@ class Checkpointer(Restoring):
         preempt = self.preemption is not None and self.preemption.requested is not None
         # every rank must take the same decision: one collective (a no-op for one process)
         preempt, due = distributed.any_of(preempt, self.cadence.due(step))
-        if not (preempt or milestone or due):
-            return None
-        values = metrics() if callable(metrics) else metrics
-        if preempt:
-            self._preempt(state, step, values)
-        if milestone:
-            self.save_warm_start(state, step, metrics=values)
-        if not due:
-            return None
-        return self.save(state, step, metrics=values)
+        path = None
+        if preempt or milestone or due:
+            values = self._metrics(metrics, step)
+            if preempt:
+                self._preempt(state, step, values)
+            if milestone:
+                self.save_warm_start(state, step, metrics=values)
+            if due:
+                path = self.save(state, step, metrics=values)
+        faults.reach(f"step-{step}")  # after the step and its save: where a drill kills
+        return path
+
+    def _metrics(
+        self, metrics: dict[str, Any] | Callable[[], dict[str, Any]] | None, step: int
+    ) -> dict[str, Any] | None:
+        if not callable(metrics):
+            return metrics
+        return self._watch.evaluate(metrics, step) if self._watch is not None else metrics()
 
     def save(
         self,
@@ -203,9 +225,18 @@ class Checkpointer(Restoring):
         self.cadence.saved(step)
         waited = self._saver.wait()
         self.pause_s += waited
-        job = self._job(final, step, purpose.CONTINUATION, metrics, expect=state.expectations(step))
+        job = self._job(
+            final,
+            step,
+            purpose.CONTINUATION,
+            metrics,
+            expect=state.expectations(step),
+            absent=state.absent,
+        )
         self.pause_s += self._saver.save(job, state, waited=waited, sync=sync)
         self.last_saved = step
+        if self._watch is not None:  # what must not change before the next optimizer step
+            self._watch.saved(step)
         return final
 
     def save_warm_start(
@@ -232,6 +263,7 @@ class Checkpointer(Restoring):
         *,
         expect: dict[str, Any] | None = None,
         chained: bool = True,
+        absent: dict[str, str] | None = None,
     ) -> SaveJob:
         return job_mod.build(
             final,
@@ -244,28 +276,8 @@ class Checkpointer(Restoring):
             interval=self.cadence.describe(),
             expect=expect,
             chained=chained,
+            absent=absent,
         )
-
-    def _committed(self, job: SaveJob, mf: Manifest, cost: Cost) -> None:
-        """After a commit (on whichever thread wrote it): link, keep best, retain, record, push."""
-        if job.chained:
-            self.identity.previous = lineage.link(mf, job.final, self.root)
-            retired = retention.after_commit(
-                self.cfg,
-                self.run_dir,
-                job.final,
-                mf,
-                trust=self.trust,
-                allow_untrusted=self.allow_untrusted,
-                retire=self.publisher.retire if self.publisher is not None else None,
-            )
-            self.cadence.measured(cost_s=cost.pause_s, persist_s=cost.write_s)
-            if retired:  # so a later resume knows these are gone on purpose (run.history)
-                self._event({"event": "retired", "steps": retired})
-            self._event(cost.event(job.step, sum(r.size for r in mf.files)))
-        if self.publisher is not None:
-            self.publisher.submit(job.final)
-        log.info("%s %s committed (%.3fs)", job.purpose, job.final, cost.write_s)
 
     def _preempt(self, state: TrainState, step: int, metrics: dict[str, Any] | None) -> None:
         # under torchrun another rank may have been signalled first: this one follows it
@@ -283,25 +295,3 @@ class Checkpointer(Restoring):
             signal_name=signal_name,
             path=self.run_dir / step_dir_name(step),
         )
-
-    def flush(self) -> None:
-        """Wait until the background save in flight (if any) is committed.
-
-        Raises:
-            CommitError: it failed.
-        """
-        self.pause_s += self._saver.wait()
-
-    def close(self) -> None:
-        """Flush the save in flight, stop the background thread, record the run's costs.
-
-        Raises:
-            CommitError: the last background save failed.
-        """
-        try:
-            self.pause_s += self._saver.close()
-        finally:
-            self._release()
-            if self.publisher is not None:
-                self.publisher.close(parse_duration(self.cfg.dvc.close_timeout))
-            self._event(self.cadence.summary(time.perf_counter() - self._created, self.pause_s))

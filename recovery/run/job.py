@@ -49,6 +49,8 @@ class SaveJob:
         config_yaml: the resolved, redacted config.
         chained: a continuation checkpoint of the run: once committed it becomes the
             run's previous link, is retained and costed (a warm-start copy is not).
+        absent: what the state declares it does not have (name -> reason), accepted
+            by the contract instead of those components and signed in the statement.
     """
 
     final: Path
@@ -59,6 +61,7 @@ class SaveJob:
     meta: dict[str, Any] = field(repr=False)
     config_yaml: str = field(repr=False)
     chained: bool = True
+    absent: dict[str, str] = field(default_factory=dict)
 
     def write(
         self,
@@ -86,7 +89,9 @@ class SaveJob:
             skeletons, tensors, step=self.step, meta=meta, config_yaml=self.config_yaml
         )
         have = snapshot.present(skeletons, meta, files, self.statement)
-        purpose.check_contract(self.purpose, self.requires, have, where=str(self.final))
+        purpose.check_contract(
+            self.purpose, self.requires, have, where=str(self.final), absent=self.absent
+        )
         return commit.commit(
             self.final,
             files,
@@ -122,6 +127,7 @@ def build(
     interval: dict[str, Any],
     expect: dict[str, Any] | None = None,
     chained: bool = True,
+    absent: dict[str, str] | None = None,
 ) -> SaveJob:
     """The save of ``step`` as of now: the statement carries the run's links at this step.
 
@@ -132,6 +138,7 @@ def build(
             resumed across are added), config, model config, world size.
         interval: the cadence's description (how the interval was chosen).
         expect: what a resume must find (the continuation contract's checks).
+        absent: the state's declared absences (recorded as the statement's ``absent``).
     """
     meta: dict[str, Any] = {"run_id": identity.run_id, "metrics": dict(metrics or {})}
     if carried.model_config is not None:
@@ -147,6 +154,7 @@ def build(
         "step": step,
         "purpose": purpose_name,
         "requires": list(requires),
+        **({"absent": dict(absent)} if absent else {}),
         "run_id": identity.run_id,
         "segment": len(identity.lineage) - 1,
         "metrics": dict(metrics or {}),
@@ -167,4 +175,5 @@ def build(
         meta=meta,
         config_yaml=carried.config_yaml,
         chained=chained,
+        absent=dict(absent or {}),
     )

@@ -7,6 +7,12 @@ written lines for steps that its resume will redo; the file keeps both, in
 order, and :func:`effective_steps` reads it as "the last record of each step
 wins", which is the history of the run that survived.
 
+A watcher (:meth:`Journal.watch`; the checkpointer's
+:class:`~recovery.run.watch.Watch`) sees every per-step record (one with ``step``
+and no ``event``): it may add fields before the record is written (``lr``,
+``update``) and observes it after (the resume health monitor), so any loop that
+writes its per-step record here is monitored.
+
 Lines are flushed to the OS as they are written, so a SIGKILL loses none of
 them; a torn last line (power loss) is skipped when reading and a newline is
 written before the next append so it cannot corrupt the next record.
@@ -18,18 +24,32 @@ import json
 import logging
 import threading
 from pathlib import Path
-from typing import IO, Any
+from typing import IO, Any, Protocol
 
 from recovery.format import bounded
 
 log = logging.getLogger(__name__)
 
 
+class Watcher(Protocol):
+    """Sees each per-step record: adds fields before it is written, observes it after."""
+
+    def annotate(self, record: dict[str, Any]) -> dict[str, Any]: ...
+
+    def observed(self, record: dict[str, Any]) -> None: ...
+
+
+def is_step(record: dict[str, Any]) -> bool:
+    """A per-step record: it has a ``step`` and is no event."""
+    return "step" in record and "event" not in record
+
+
 class Journal:
     """Appends records to a JSON-lines file (``path=None``: discards them, for ranks > 0).
 
     The file (and its directory) is created by the first record, so a run that
-    fails before it records anything leaves nothing behind.
+    fails before it records anything leaves nothing behind. Watchers see the
+    per-step records on every rank, written or discarded.
     """
 
     def __init__(self, path: Path | None) -> None:
@@ -37,6 +57,19 @@ class Journal:
         self._fh: IO[str] | None = None
         self._lock = threading.Lock()  # background saves record their costs too
         self._closed = False
+        self._watchers: list[Watcher] = []
+
+    def watch(self, watcher: Watcher) -> None:
+        """Show ``watcher`` every per-step record from now on."""
+        self._watchers.append(watcher)
+
+    def unwatch(self, watcher: Watcher) -> None:
+        """Stop showing ``watcher`` the per-step records."""
+        self._watchers = [w for w in self._watchers if w is not watcher]
+
+    def step(self, step: int, **fields: Any) -> None:
+        """Write the per-step record of optimizer step ``step`` (``loss=``, ``lr=``, ...)."""
+        self.write({"step": step, **fields})
 
     def _open(self, path: Path) -> IO[str]:
         path.parent.mkdir(parents=True, exist_ok=True)
@@ -47,15 +80,26 @@ class Journal:
         return fh
 
     def write(self, record: dict[str, Any]) -> None:
-        """Append one record and flush it to the OS (safe from several threads)."""
-        if self.path is None or self._closed:
+        """Append one record and flush it to the OS (safe from several threads).
+
+        A per-step record (:func:`is_step`) is first shown to the watchers, whose
+        fields it gains where it lacks them, and after the write observed by them.
+        """
+        if self._closed:
             return
-        line = json.dumps(record, separators=(",", ":")) + "\n"
-        with self._lock:
-            if self._fh is None:
-                self._fh = self._open(self.path)
-            self._fh.write(line)
-            self._fh.flush()
+        watchers = list(self._watchers) if is_step(record) else []
+        for watcher in watchers:
+            extra = watcher.annotate(record)
+            record = {**record, **{k: v for k, v in extra.items() if k not in record}}
+        if self.path is not None:
+            line = json.dumps(record, separators=(",", ":")) + "\n"
+            with self._lock:
+                if self._fh is None:
+                    self._fh = self._open(self.path)
+                self._fh.write(line)
+                self._fh.flush()
+        for watcher in watchers:
+            watcher.observed(record)
 
     def close(self) -> None:
         with self._lock:

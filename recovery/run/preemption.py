@@ -26,6 +26,9 @@ from recovery.errors import ConfigError
 
 log = logging.getLogger(__name__)
 
+REQUEUE_EXIT = 75
+"""The exit status of a preempted run: checkpointed, requeue the same command."""
+
 
 class PreemptionGuard:
     """Catches preemption signals for the lifetime of a run.

@@ -10,7 +10,7 @@ touched.
 from __future__ import annotations
 
 import logging
-import tempfile
+import os
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -18,23 +18,20 @@ from typing import Any
 from recovery.errors import (
     DriftError,
     FormatError,
+    IncompatibleStateError,
     PurposeError,
-    RecoveryError,
-    RunDirInUseError,
-    StorageError,
 )
 from recovery.format import bounded
-from recovery.format.layout import CONFIG_FILE, DISTRIBUTED, scan
-from recovery.integrity import commit
-from recovery.integrity.lock import RunLock
+from recovery.format.layout import CONFIG_FILE, DISTRIBUTED
 from recovery.integrity.signing import TrustStore
 from recovery.parallel import multirank, sharded
 from recovery.parallel import world as distributed
 from recovery.parallel.world import World
 from recovery.provenance import capture as prov
 from recovery.provenance import lineage, purpose
-from recovery.run import branches, history, resume, retention
-from recovery.state.registry import MODEL, TrainState
+from recovery.run import history, resume
+from recovery.state import declared
+from recovery.state.registry import DROP_ENV, MODEL, TrainState
 
 log = logging.getLogger(__name__)
 
@@ -54,58 +51,10 @@ class Identity:
     """Old and new world size, when a resume changed it."""
     old_config: dict[str, Any] | None = None
     """The resumed checkpoint's config (redacted), to tell what this run changed."""
-
-
-def prepare(run_dir: Path, world: World, journal: Path) -> RunLock | None:
-    """Before a run touches its directory: rank 0 creates it, takes the writer's lock, and
-    only then removes the temp directories of dead writes and finishes an interrupted
-    move of an abandoned branch (:mod:`recovery.run.branches`); every rank waits for that.
-
-    Returns:
-        The lock (rank 0), to hold until the run ends.
-
-    Raises:
-        RunDirLockedError: another process is writing ``run_dir``.
-        StorageError: ``run_dir`` cannot be created or written (read-only, permissions).
-    """
-    lock = None
-    if world.leader:
-        try:
-            run_dir.mkdir(parents=True, exist_ok=True)
-            lock = RunLock.acquire(run_dir)
-            # fail now, not at the first commit after minutes of training
-            Path(tempfile.mkdtemp(prefix=".recovery-probe-", dir=run_dir)).rmdir()
-            commit.remove_stale(run_dir)
-            retention.tidy_best(run_dir)
-            branches.finish(run_dir, history.read(journal))
-        except OSError as err:
-            if lock is not None:
-                lock.release()
-            if isinstance(err, RecoveryError):
-                raise
-            raise StorageError(
-                f"{err.filename or run_dir}: cannot write the run directory "
-                f"({err.strerror or err}); the checkpoint root must be writable: fix its "
-                "permissions or choose another checkpoint.root=",
-                path=run_dir,
-            ) from err
-    distributed.barrier()
-    return lock
-
-
-def refuse_reuse(run_dir: Path) -> None:
-    """A fresh or warm-started run starts in a run directory without checkpoints.
-
-    Raises:
-        RunDirInUseError: ``run_dir`` holds committed checkpoints.
-    """
-    if committed := scan(run_dir).committed:
-        raise RunDirInUseError(
-            f"{run_dir}: already holds checkpoints up to step {committed[-1][0]}. "
-            "Pass +resume=latest to continue that run, or choose another run.name= "
-            "(or checkpoint.root=) for a new one.",
-            path=run_dir,
-        )
+    restored: list[str] = field(default_factory=list)
+    """The components a resume restored (``rng`` last)."""
+    absent: dict[str, str] = field(default_factory=dict)
+    """What the resumed checkpoint declared absent, name -> reason."""
 
 
 def new_run(
@@ -180,17 +129,29 @@ def resume_from(
             differences=drift,
             path=loaded.path,
         )
+    absent = {str(k): str(v) for k, v in (rec.get("absent") or {}).items()}
     resharded = None
     if world.distributed or DISTRIBUTED in loaded.decoded.meta:
+        if problems := state.absence_mismatches(absent, loaded.components):
+            raise IncompatibleStateError(
+                f"{loaded.path} does not fit this run:\n  " + "\n  ".join(problems),
+                mismatches=problems,
+                path=loaded.path,
+            )
         resharded = multirank.load_state(
             state, loaded.decoded, loaded.files, loaded.path, world=world, seed=seed
         )
+        restored = [n for n in state.names if n in loaded.components and n != dropped()]
     else:
-        state.load_state_dict(loaded.decoded.tree, source=str(loaded.path))
+        restored = state.load_state_dict(
+            loaded.decoded.tree, source=str(loaded.path), absent=absent
+        )
     step = loaded.decoded.step
     rid = str(rec.get("run_id") or run_id)
     source = lineage.link(loaded.manifest, loaded.path, root)
-    log.info("resumed from %s at step %d", loaded.path, step)
+    log.info(
+        "resumed from %s at step %d: %s", loaded.path, step, declared.describe(restored, absent)
+    )
     return Identity(
         run_id=rid,
         lineage=[
@@ -212,6 +173,8 @@ def resume_from(
         resumed_from=loaded.path,
         resharded=resharded,
         old_config=old_config,
+        restored=restored,
+        absent=absent,
     )
 
 
@@ -252,6 +215,11 @@ def warm_start_from(
         ],
         parent={"kind": lineage.WARM_START, **source},
     )
+
+
+def dropped() -> str:
+    """The component a drill asked a resume not to restore (``RECOVERY_DRILL_DROP``), or ''."""
+    return os.environ.get(DROP_ENV, "")
 
 
 def _yaml(data: bytes | None, *, where: Path) -> dict[str, Any] | None:
@@ -311,7 +279,8 @@ def resume_event(
     loaded: resume.Loaded, ident: Identity, world_size: int, *, replaced: str | None = None
 ) -> dict[str, Any]:
     """The journal's ``resume`` record: the run id, from where, which newer checkpoints were
-    passed over, what drifted, the world size (and its change), and the run it replaced."""
+    passed over, what drifted, the world size (and its change), the run it replaced, the
+    components restored and what the checkpoint declared absent (with the reasons)."""
     return {
         "event": "resume",
         "run_id": ident.run_id,
@@ -322,4 +291,6 @@ def resume_event(
         "drift": ident.drift,
         "world_size": world_size,
         **({"resharded": ident.resharded} if ident.resharded else {}),
+        "restored": ident.restored,
+        "absent": ident.absent,
     }

@@ -2,25 +2,39 @@
 
 How a run begins (fresh, resumed, warm-started, or a branch from an older
 step) and the run's identity, journal and lock that the saving half shares.
-The steps themselves are :mod:`recovery.run.restore` (``begin``) and
-:mod:`recovery.run.branches`; this class only sequences them for one run.
+The steps themselves are :mod:`recovery.run.rundir`, :mod:`recovery.run.restore`
+(``begin``) and :mod:`recovery.run.branches`; this class only sequences them
+for one run. Before anything is touched, the state must be able to meet the
+continuation contract (each required piece registered or declared absent,
+:func:`recovery.provenance.purpose.check_state`); once the run has begun, the
+registration guards' cautions are journaled (``{"event": "warning", ...}``),
+the run is watched (:mod:`recovery.run.watch`: resume health, state changed
+after a save) and the default preemption guard is installed.
 """
 
 from __future__ import annotations
 
+import logging
+import threading
 from pathlib import Path
 from typing import Any
 
-from recovery.config import CheckpointConfig
+from recovery.config import CheckpointConfig, HealthConfig
 from recovery.format.layout import METRICS_FILE
 from recovery.integrity.lock import RunLock
 from recovery.integrity.signing import TrustStore
 from recovery.parallel import world as distributed
 from recovery.parallel.world import World
-from recovery.run import branches, resume
+from recovery.provenance import purpose
+from recovery.provenance.purpose import PurposeSpec
+from recovery.run import branches, resume, rundir
 from recovery.run import restore as begin
 from recovery.run.journal import Journal
+from recovery.run.preemption import PreemptionGuard
+from recovery.run.watch import Watch
 from recovery.state.registry import TrainState
+
+log = logging.getLogger(__name__)
 
 
 class Restoring:
@@ -36,10 +50,16 @@ class Restoring:
     seed: int
     provenance: dict[str, Any]
     config: dict[str, Any]
-    journal: Journal | None
+    journal: Journal
+    purposes: dict[str, PurposeSpec]
     identity: begin.Identity
     last_saved: int | None
+    preemption: PreemptionGuard | None
     _lock: RunLock | None
+    _owned: tuple[bool, bool]
+    """Whether the checkpointer made its journal and its preemption guard (it closes them)."""
+    _health: HealthConfig | None
+    _watch: Watch | None
 
     def restore(
         self,
@@ -58,7 +78,13 @@ class Restoring:
           step start fresh.
         - neither: a fresh run; the run directory must not hold checkpoints.
 
+        Before anything is touched the state must meet the continuation contract
+        (declared absences accepted); after, the registration cautions are journaled,
+        the run is watched and (by default) preemption signals are caught.
+
         Raises:
+            PurposeError: ``state`` neither registers nor declares absent a piece the
+                continuation contract requires (ConfigError: a declaration is refused).
             RunDirLockedError: another process is writing the run directory.
             RunDirInUseError: a fresh or warm-started run into a directory holding checkpoints.
             CheckpointNotFoundError, VerificationError, FormatError: a named artifact
@@ -69,12 +95,34 @@ class Restoring:
                 the newest checkpoint the run committed is gone).
             IncompatibleStateError: it does not fit ``state``; nothing was changed.
         """
-        self._lock = begin.prepare(self.run_dir, self.world, self._journal_path())
+        spec = self.purposes[purpose.CONTINUATION]
+        purpose.check_state(spec.name, spec.requires, state.names, state.absent)
+        state.review()  # objects wired since the state was built (a scheduler made later)
+        self._lock = rundir.prepare(self.run_dir, self.world, self._journal_path())
         try:
-            return self._restore(state, resume_spec, init_from)
+            if self._watch is None:  # registers the health monitor before anything loads
+                self._watch = Watch(state, self.journal, health=self._health)
+            step = self._restore(state, resume_spec, init_from)
         except BaseException:
             self._release()
             raise
+        for caution in state.cautions:
+            self._event(caution.record())
+        if self._owned[1] and self.preemption is not None:
+            if threading.current_thread() is threading.main_thread():
+                self.preemption.install()
+            else:
+                log.info("not on the main thread: preemption signals are not caught")
+        return step
+
+    def record(self, step: int, **fields: Any) -> None:
+        """Write the per-step record of optimizer step ``step`` to the run's journal.
+
+        ``fields``: ``loss=`` (what the resume health monitor judges), ``epoch=``,
+        ``batch=``, ...; ``lr`` (the rate the step used) and ``update`` (the health
+        probe's update size) are added when the checkpointer measured them.
+        """
+        self.journal.step(step, **fields)
 
     def _restore(self, state: TrainState, resume_spec: object, init_from: object) -> int:
         if resume_spec is not None:
@@ -93,11 +141,11 @@ class Restoring:
                 distributed.barrier()
                 return step
         else:
-            begin.refuse_reuse(self.run_dir)
+            rundir.refuse_reuse(self.run_dir)
         self.identity, event = begin.new_run(
             state, init_from, self.run_id, self.trust, self.allow_untrusted, root=self.root
         )
-        self._event(event)
+        self._event({**event, **({"absent": state.absent} if state.absent else {})})
         return 0
 
     def _resume(self, state: TrainState, loaded: resume.Loaded, replaced: str | None) -> int:
@@ -128,14 +176,53 @@ class Restoring:
         return self.identity.resumed_from
 
     def _release(self) -> None:
+        """Stop watching, uninstall the guard the checkpointer installed, drop the lock."""
+        if self._watch is not None:
+            self._watch.close()
+            self._watch = None
+        if self._owned[1] and self.preemption is not None:
+            self.preemption.uninstall()
         if self._lock is not None:
             self._lock.release()
             self._lock = None
 
     def _journal_path(self) -> Path:
         # ranks > 0 journal nothing but read the same file: every rank takes one decision
-        return (self.journal.path if self.journal else None) or self.run_dir / METRICS_FILE
+        return self.journal.path or self.run_dir / METRICS_FILE
 
     def _event(self, record: dict[str, Any]) -> None:
-        if self.journal is not None:
-            self.journal.write(record)
+        self.journal.write(record)
+
+
+def defaults(
+    cfg: CheckpointConfig,
+    run_dir: Path,
+    world: World,
+    *,
+    journal: Journal | None,
+    preemption: PreemptionGuard | bool | None,
+    health: HealthConfig | bool | None,
+) -> tuple[Journal, PreemptionGuard | None, HealthConfig | None, tuple[bool, bool]]:
+    """The checkpointer's journal, preemption guard and health settings, defaults filled in.
+
+    - ``journal=None``: ``<run_dir>/metrics.jsonl`` (rank 0; other ranks discard).
+    - ``preemption=None`` or ``True``: a guard for ``cfg.preempt_signals`` (SIGTERM,
+      SIGUSR1), installed by ``restore`` on the main thread, uninstalled by ``close``;
+      ``False``: none; a guard: used as given (its owner installs it).
+    - ``health=None`` or ``True``: :class:`~recovery.config.HealthConfig` defaults;
+      ``False``: no monitor of the checkpointer's own.
+
+    Returns:
+        The journal, the guard, the health settings, and which of journal and guard it made.
+    """
+    made_journal = journal is None
+    if journal is None:
+        journal = Journal(run_dir / METRICS_FILE if world.leader else None)
+    made_guard = preemption is None or preemption is True
+    guard = preemption if isinstance(preemption, PreemptionGuard) else None
+    if made_guard:
+        guard = PreemptionGuard(cfg.preempt_signals)
+    settings = health if isinstance(health, HealthConfig) else None
+    if health is None or health is True:
+        settings = HealthConfig()
+    return journal, guard, settings, (made_journal, made_guard)

@@ -119,7 +119,11 @@ def load(path: Path, trust: TrustStore, *, allow_untrusted: bool = False) -> Loa
     rec = verified.manifest.recovery
     have = snapshot.present(decoded.tree, decoded.meta, verified.files, rec)
     purpose.check_contract(
-        verified.manifest.purpose, rec.get("requires", []), have, where=str(path)
+        verified.manifest.purpose,
+        rec.get("requires", []),
+        have,
+        where=str(path),
+        absent=rec.get("absent"),
     )
     return Loaded(path, verified.manifest, decoded, have, files=verified.files)
 

@@ -7,19 +7,25 @@ A run registers its pieces by name (``model``, ``optimizer``, ``scheduler``,
 boundary. :meth:`TrainState.load_state_dict` checks every piece against the
 live objects first and only then applies them, so a refused load changes
 nothing.
+
+A loop that has no scheduler or no data position declares so, with a reason
+(``absent=``, :mod:`recovery.state.declared`); wiring that would make a resume
+differ silently is warned about at registration (:mod:`recovery.state.guards`).
 """
 
 from __future__ import annotations
 
 import logging
 import os
-from collections.abc import Mapping
+from collections.abc import Iterable, Mapping
 from typing import Any, Protocol, runtime_checkable
 
 import torch
 
 from recovery.errors import ConfigError, IncompatibleStateError
-from recovery.state import rng, wrapping
+from recovery.state import adapters, declared, guards, rng, wrapping
+from recovery.state.fit import model_mismatches, optimizer_mismatches, owned
+from recovery.state.guards import Caution
 
 log = logging.getLogger(__name__)
 
@@ -31,6 +37,7 @@ mismatch in them must not stop a resume."""
 MODEL = "model"
 OPTIMIZER = "optimizer"
 RNG = "rng"
+ABSENT = "absent"
 
 
 @runtime_checkable
@@ -47,115 +54,64 @@ class Stateful(Protocol):
     def load_state_dict(self, state: Any, /) -> Any: ...
 
 
-def owned(value: Any) -> Any:
-    """``value`` with every tensor replaced by a contiguous copy in its own memory.
-
-    Decoded tensors are views into one buffer per file (zero-copy decoding); code
-    that keeps a tensor it was given, or hands it to C++ that expects its own
-    storage (``torch.Generator.set_state`` on a torchdata loader's state), must get
-    a tensor that owns its memory.
-    """
-    if isinstance(value, torch.Tensor):
-        return value.clone(memory_format=torch.contiguous_format)
-    if isinstance(value, Mapping):
-        return {k: owned(v) for k, v in value.items()}
-    if isinstance(value, list | tuple):
-        return type(value)(owned(v) for v in value)
-    return value
-
-
-def model_mismatches(saved: Mapping[str, Any], live: Mapping[str, torch.Tensor]) -> list[str]:
-    """Every difference between a saved model state and the live model's.
-
-    Returns one line per missing key, unexpected key, shape or dtype difference.
-    """
-    problems = [
-        f"missing in checkpoint: {k} {tuple(live[k].shape)}" for k in live if k not in saved
-    ]
-    problems += [f"not in this model: {k}" for k in saved if k not in live]
-    for key in live:
-        if key not in saved:
-            continue
-        old, new = saved[key], live[key]
-        if not isinstance(old, torch.Tensor):
-            problems.append(f"{key}: checkpoint holds a {type(old).__name__}, not a tensor")
-        elif tuple(old.shape) != tuple(new.shape):
-            problems.append(
-                f"{key}: checkpoint shape {tuple(old.shape)}, model shape {tuple(new.shape)}"
-            )
-        elif old.dtype != new.dtype:
-            problems.append(f"{key}: checkpoint dtype {old.dtype}, model dtype {new.dtype}")
-    return problems
-
-
-def optimizer_mismatches(saved: Any, live: torch.optim.Optimizer) -> list[str]:
-    """Differences that would make ``Optimizer.load_state_dict`` fail or mis-assign moments."""
-    if not isinstance(saved, Mapping) or "param_groups" not in saved or "state" not in saved:
-        return ["optimizer: checkpoint entry is not an optimizer state_dict"]
-    groups_saved = saved["param_groups"]
-    groups_live = live.param_groups
-    if len(groups_saved) != len(groups_live):
-        return [
-            f"optimizer: {len(groups_saved)} param groups in checkpoint, {len(groups_live)} now"
-        ]
-    problems: list[str] = []
-    shapes: dict[int, tuple[int, ...]] = {}
-    for g, (gs, gl) in enumerate(zip(groups_saved, groups_live, strict=True)):
-        if len(gs["params"]) != len(gl["params"]):
-            problems.append(
-                f"optimizer group {g}: {len(gs['params'])} params in checkpoint, "
-                f"{len(gl['params'])} now"
-            )
-            continue
-        for pid, param in zip(gs["params"], gl["params"], strict=True):
-            shapes[pid] = tuple(param.shape)
-    for pid, entry in saved["state"].items():
-        for name, value in entry.items():
-            if (
-                isinstance(value, torch.Tensor)
-                and value.dim() > 0
-                and pid in shapes
-                and tuple(value.shape) != shapes[pid]
-            ):
-                problems.append(
-                    f"optimizer state {pid}.{name}: shape {tuple(value.shape)}, "
-                    f"param shape {shapes[pid]}"
-                )
-    return problems
-
-
 class TrainState:
     """Named stateful pieces of one run, saved and restored as one.
 
     Args:
-        **components: name -> object with ``state_dict``/``load_state_dict``.
-            ``model`` must be a ``torch.nn.Module`` if given; ``optimizer`` a
-            ``torch.optim.Optimizer``. ``rng`` is reserved.
+        absent: pieces the loop does not have, name -> why (``{"scheduler": "lr is a
+            function of the step", "sampler": "batches are drawn from the rng"}``):
+            recorded, signed, in every checkpoint, accepted by the continuation
+            contract instead of the component, and checked on resume.
+        **components: name -> object with ``state_dict``/``load_state_dict`` (a
+            ``torch.Generator`` is registered as its stream). ``model`` must be a
+            ``torch.nn.Module`` if given; ``optimizer`` a ``torch.optim.Optimizer``.
+            ``rng`` and ``absent`` are reserved.
+
+    Raises:
+        ConfigError: a component without ``state_dict``/``load_state_dict`` (a plain
+            ``DataLoader`` or sampler: with what to use instead), ``rng``, or a
+            declaration :func:`recovery.state.declared.validate` refuses.
     """
 
-    def __init__(self, **components: Any) -> None:
+    def __init__(self, *, absent: Mapping[str, str] | None = None, **components: Any) -> None:
         if RNG in components:
             raise ConfigError("TrainState: 'rng' is reserved; RNG streams are always captured")
+        self.components: dict[str, Any] = {}
         for name, obj in components.items():
-            if obj is None:
-                continue
-            if not isinstance(obj, Stateful):
-                raise ConfigError(
-                    f"TrainState: component '{name}' ({type(obj).__name__}) has no "
-                    "state_dict/load_state_dict; wrap it or leave it out"
-                )
-        self.components: dict[str, Any] = {k: v for k, v in components.items() if v is not None}
+            if obj is not None:
+                self.components[name] = _checked(name, obj)
+        self.absent: dict[str, str] = declared.validate(absent or {}, self.components)
+        """What the loop declares it does not have, name -> reason."""
+        self.cautions: list[Caution] = []
+        """Wiring that would make a resume differ silently (logged once each)."""
+        self.review()
 
     def add(self, name: str, obj: Any) -> None:
-        """Register one more component (before the run restores or saves)."""
+        """Register one more component (before the run restores or saves).
+
+        Raises:
+            ConfigError: the name is taken or declared absent, or ``obj`` is not stateful.
+        """
         if name == RNG or name in self.components:
             raise ConfigError(f"TrainState: component '{name}' is already registered")
-        if not isinstance(obj, Stateful):
-            raise ConfigError(
-                f"TrainState: component '{name}' ({type(obj).__name__}) has no "
-                "state_dict/load_state_dict"
-            )
-        self.components[name] = obj
+        if name in self.absent:
+            raise ConfigError(f"TrainState: component '{name}' is declared absent")
+        self.components[name] = _checked(name, obj)
+        self.review()
+
+    def declare(self, name: str, reason: str) -> None:
+        """Declare that the loop has no ``name`` and why (as ``absent=`` does)."""
+        self.absent.update(declared.validate({name: reason}, self.components))
+        self.review()
+
+    def review(self) -> list[Caution]:
+        """Run the registration guards again (objects may have been wired since); log each
+        new :class:`~recovery.state.guards.Caution` once. Returns all of them."""
+        for caution in guards.cautions(self.components, self.absent):
+            if caution not in self.cautions:
+                self.cautions.append(caution)
+                log.warning("%s", caution.message)
+        return list(self.cautions)
 
     @property
     def names(self) -> list[str]:
@@ -188,25 +144,35 @@ class TrainState:
             out["next_batch"] = [int(i) for i in peek()]
         return out
 
-    def mismatches(self, tree: Mapping[str, Any], only: list[str] | None = None) -> list[str]:
+    def mismatches(
+        self,
+        tree: Mapping[str, Any],
+        only: list[str] | None = None,
+        *,
+        absent: Mapping[str, str] | None = None,
+    ) -> list[str]:
         """Every reason ``tree`` cannot be loaded into this state, empty if it can.
 
         Args:
             tree: component name -> state.
             only: check just these components (a partial load); default all, and
-                the component sets must then match exactly.
+                the component sets must then match exactly, declared absences
+                included (:func:`recovery.state.declared.mismatches`).
+            absent: what the checkpoint declares absent (its signed ``absent``).
         """
         wanted = only if only is not None else self.names
+        spoken = declared.involved(absent or {}, self.absent) if only is None else set()
         problems = [
             f"component '{n}' is not in the checkpoint"
             for n in wanted
-            if n not in tree and n not in OPTIONAL
+            if n not in tree and n not in OPTIONAL and n not in spoken
         ]
         if only is None:
+            problems += self.absence_mismatches(absent or {}, tree)
             problems += [
                 f"checkpoint has component '{n}', which this run does not register"
                 for n in tree
-                if n not in self.names and n not in OPTIONAL
+                if n not in self.names and n not in OPTIONAL and n not in spoken
             ]
         else:
             tree = {k: v for k, v in tree.items() if k in only}
@@ -225,17 +191,31 @@ class TrainState:
             problems += rng.validate(tree[RNG])
         return problems
 
+    def absence_mismatches(self, absent: Mapping[str, str], saved: Iterable[str]) -> list[str]:
+        """Where a checkpoint holding ``saved`` and declaring ``absent`` disagrees with this
+        state's components and declarations (:func:`recovery.state.declared.mismatches`)."""
+        return declared.mismatches(absent, saved, self.absent, self.components)
+
     def load_state_dict(
-        self, tree: Mapping[str, Any], *, source: str = "checkpoint", only: list[str] | None = None
-    ) -> None:
+        self,
+        tree: Mapping[str, Any],
+        *,
+        source: str = "checkpoint",
+        only: list[str] | None = None,
+        absent: Mapping[str, str] | None = None,
+    ) -> list[str]:
         """Restore every component (or just ``only``) and the RNG streams from ``tree``.
 
-        Everything is checked before anything is applied.
+        Everything is checked before anything is applied (``absent``: the checkpoint's
+        declarations, see :meth:`mismatches`).
+
+        Returns:
+            The components restored, in save order (``rng`` last).
 
         Raises:
             IncompatibleStateError: listing every mismatch; nothing was changed.
         """
-        problems = self.mismatches(tree, only)
+        problems = self.mismatches(tree, only, absent=absent)
         if problems:
             raise IncompatibleStateError(
                 f"{source} does not fit this run ({len(problems)} mismatches):\n  "
@@ -250,6 +230,7 @@ class TrainState:
         dropped = os.environ.get(DROP_ENV, "")
         if dropped:
             log.warning("%s=%s: NOT restoring %s (drill failure test)", DROP_ENV, dropped, dropped)
+        restored: list[str] = []
         for name, obj in self.components.items():
             if (only is None or name in only) and name != dropped and name in tree:
                 # a module copies into its own parameters; anything else may keep what it
@@ -260,5 +241,26 @@ class TrainState:
                     else owned(tree[name])
                 )
                 obj.load_state_dict(value)
+                restored.append(name)
         if (only is None or RNG in only) and dropped != RNG:
             rng.restore(owned(tree[RNG]))
+            restored.append(RNG)
+        return restored
+
+
+def _checked(name: str, obj: Any) -> Any:
+    """``obj`` as a component (:func:`recovery.state.adapters.adapt`), once it is stateful.
+
+    Raises:
+        ConfigError: it is not (a plain ``DataLoader`` or sampler: with what to use instead).
+    """
+    if name == ABSENT:
+        raise ConfigError("TrainState: 'absent' is reserved for declarations of absence")
+    obj = adapters.adapt(obj)
+    guards.refuse(name, obj)
+    if not isinstance(obj, Stateful):
+        raise ConfigError(
+            f"TrainState: component '{name}' ({type(obj).__name__}) has no "
+            "state_dict/load_state_dict; wrap it or leave it out"
+        )
+    return obj

@@ -22,36 +22,33 @@ and next batch that the live run recorded when it saved.
 
 from __future__ import annotations
 
-import json
 import logging
 import os
 import random
-import signal
 import subprocess
 import sys
 import time
 from collections.abc import Callable
-from dataclasses import asdict, dataclass, field
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-import torch
-
-from recovery import faults
 from recovery.errors import DrillError
-from recovery.format.layout import DISTRIBUTED, METRICS_FILE, step_dir_name
+from recovery.format.layout import DISTRIBUTED, step_dir_name
 from recovery.integrity import reader
 from recovery.integrity.signing import TrustStore
 from recovery.provenance import purpose
 from recovery.run import resume
-from recovery.run.journal import effective_steps, read
 from recovery.state.sampler import ResumableSampler
 from recovery.tools import killpoints
+from recovery.tools.drill_runs import Ran, launch, never_reached, victims
+from recovery.tools.drill_verdict import DRILL_FILE as DRILL_FILE
+from recovery.tools.drill_verdict import PLOT_FILE as PLOT_FILE
+from recovery.tools.drill_verdict import Level, Report, compare_final, compare_steps, conclude
+from recovery.tools.drill_verdict import flat_tensors as flat_tensors
+from recovery.tools.drill_verdict import plot as _plot
 
 log = logging.getLogger(__name__)
-
-DRILL_FILE = "drill.json"
-PLOT_FILE = "drill.png"
 
 
 @dataclass
@@ -73,6 +70,13 @@ class Plan:
     keep_every: int = 0
     keep_best: bool = False
     """The run's retention settings (``checkpoint.*``), which decide its kill points."""
+    timeout_s: float | None = None
+    """How long one run may take before the drill kills it and gives up (``None``: no limit)."""
+
+    @property
+    def judged(self) -> Level:
+        """The comparison level the plan declares."""
+        return Level(self.level, self.atol, self.rtol)
 
     def schedule(self) -> dict[str, Any]:
         """What decides the kill points: the run's length, its saves and what it keeps."""
@@ -80,8 +84,12 @@ class Plan:
         return {k: getattr(self, k) for k in keys}
 
 
-def _train(plan: Plan, root: Path, extra: list[str], *, pause_at: str | None) -> tuple[int, str]:
-    """Run the script once; with ``pause_at``, SIGKILL it there. Returns (exit code, point hit)."""
+def _train(plan: Plan, root: Path, extra: list[str], *, pause_at: str | None) -> Ran:
+    """Run the script once; with ``pause_at``, SIGKILL it there.
+
+    Raises:
+        RecoveryError: it ran longer than the plan's ``timeout_s``.
+    """
     cmd = [
         sys.executable,
         str(plan.script),
@@ -91,93 +99,20 @@ def _train(plan: Plan, root: Path, extra: list[str], *, pause_at: str | None) ->
         *extra,
     ]
     env = {**os.environ, **plan.env, "PYTHONUNBUFFERED": "1"}
-    mark = root / "paused.mark"
-    mark.unlink(missing_ok=True)
-    if pause_at:
-        env[faults.PAUSE_ENV] = pause_at
-        env[faults.MARK_ENV] = str(mark)
-    root.mkdir(parents=True, exist_ok=True)
-    with open(root / "drill.log", "a") as logfile:
-        proc = subprocess.Popen(cmd, stdout=logfile, stderr=subprocess.STDOUT, env=env)
-        if pause_at:
-            while not mark.exists() and proc.poll() is None:
-                time.sleep(0.02)
-            if mark.exists():
-                os.kill(proc.pid, signal.SIGKILL)
-                proc.wait()
-                return proc.returncode, pause_at
-        return proc.wait(), ""
-
-
-def flat_tensors(tree: Any, prefix: str = "") -> dict[str, torch.Tensor]:
-    """Every tensor in a state tree, keyed by its path."""
-    out: dict[str, torch.Tensor] = {}
-    if isinstance(tree, torch.Tensor):
-        out[prefix] = tree
-    elif isinstance(tree, dict):
-        for k, v in tree.items():
-            out |= flat_tensors(v, f"{prefix}/{k}")
-    elif isinstance(tree, list | tuple):
-        for i, v in enumerate(tree):
-            out |= flat_tensors(v, f"{prefix}/{i}")
-    return out
+    return launch(
+        cmd, env=env, root=root, pause_at=pause_at, timeout_s=plan.timeout_s, what=plan.script.name
+    )
 
 
 def compare(
     plan: Plan, ref: Path, victim: Path, trust: TrustStore, *, allow_untrusted: bool = False
 ) -> list[str]:
     """Every difference between two runs at the plan's level, one line each."""
-    a, b = effective_steps(ref / METRICS_FILE), effective_steps(victim / METRICS_FILE)
-    diffs: list[str] = []
-    for step in sorted(a):
-        if step not in b:
-            diffs.append(f"step {step}: missing from the drilled run")
-            continue
-        for key in ("batch", "epoch"):
-            if a[step][key] != b[step][key]:
-                diffs.append(f"step {step}: {key} differs")
-        for key in ("loss", "lr"):
-            x, y = float(a[step][key]), float(b[step][key])
-            ok = x == y if plan.level == "bitwise" else abs(x - y) <= plan.atol + plan.rtol * abs(x)
-            if not ok:
-                diffs.append(f"step {step}: {key} {x!r} (reference) vs {y!r} (drilled)")
+    diffs = compare_steps(ref, victim, plan.judged, keys=("batch", "epoch", "loss", "lr"))
     last = step_dir_name(plan.steps)
-    ta = resume.load(ref / last, trust, allow_untrusted=allow_untrusted).decoded.tree
-    tb = resume.load(victim / last, trust, allow_untrusted=allow_untrusted).decoded.tree
-    for component in ("model", "optimizer"):
-        fa, fb = flat_tensors(ta.get(component)), flat_tensors(tb.get(component))
-        for key in sorted(fa.keys() | fb.keys()):
-            if key not in fa or key not in fb:
-                diffs.append(f"final {component}{key}: present in one run only")
-                continue
-            ta_, tb_ = fa[key], fb[key]
-            same = (
-                torch.equal(ta_, tb_)
-                if plan.level == "bitwise"
-                else torch.allclose(ta_.double(), tb_.double(), atol=plan.atol, rtol=plan.rtol)
-            )
-            if not same:
-                worst = (
-                    float((ta_.double() - tb_.double()).abs().max())
-                    if ta_.shape == tb_.shape
-                    else float("nan")
-                )
-                diffs.append(f"final {component}{key}: differs (max |diff| {worst:.3g})")
-    return diffs
-
-
-@dataclass
-class Report:
-    """A drill's outcome."""
-
-    passed: bool
-    level: str
-    kills: list[dict[str, Any]]
-    resumes: list[int]
-    differences: list[str]
-    steps: int
-    seconds: float
-    plot: str | None = None
+    return diffs + compare_final(
+        ref / last, victim / last, trust, plan.judged, allow_untrusted=allow_untrusted
+    )
 
 
 def run(
@@ -204,51 +139,42 @@ def run(
         extra = ["checkpoint.dvc.enabled=false"]
     log.info("drill: %d kill points: %s", len(points), ", ".join(points))
     ref_root, vic_root = plan.out / "reference", plan.out / "victim"
-    code, _ = _train(plan, ref_root, ["checkpoint.dvc.enabled=false"], pause_at=None)
+    code = _train(plan, ref_root, ["checkpoint.dvc.enabled=false"], pause_at=None).code
     if code != 0:
         raise DrillError(
             f"drill: the reference run failed (exit {code}); see {ref_root / 'drill.log'}"
         )
-    kill_log: list[dict[str, Any]] = []
-    for point in points:
-        kill = killpoints.parse(point)
-        code, hit = _train(plan, vic_root, [*extra, f"+resume={kill.resume}"], pause_at=kill.fault)
-        if not hit:
-            kill_log.append({"point": point, "reached": False, "exit": code})
-            if code != 0:
-                raise DrillError(
-                    f"drill: the victim exited {code} before {point}; see {vic_root / 'drill.log'}"
-                )
-            break
-        kill_log.append({"point": point, "reached": True, "exit": code})
-    code, _ = _train(plan, vic_root, [*extra, "+resume=latest"], pause_at=None)
+
+    def victim(kill: killpoints.Kill) -> Ran:
+        return _train(plan, vic_root, [*extra, f"+resume={kill.resume}"], pause_at=kill.fault)
+
+    def failed(point: str, ran: Ran) -> DrillError:
+        return DrillError(
+            f"drill: the victim exited {ran.code} before {point}; see {vic_root / 'drill.log'}"
+        )
+
+    kill_log = victims(points, victim, failed)
+    code = _train(plan, vic_root, [*extra, "+resume=latest"], pause_at=None).code
     if code != 0:
         raise DrillError(
             f"drill: the final resume failed (exit {code}); see {vic_root / 'drill.log'}"
         )
     ref_run, vic_run = ref_root / "drill", vic_root / "drill"
     diffs = compare(plan, ref_run, vic_run, trust(), allow_untrusted=allow_untrusted)
-    resumes = [int(r["step"]) for r in read(vic_run / METRICS_FILE) if r.get("event") == "resume"]
-    unreached = [k["point"] for k in kill_log if not k["reached"]]
-    if unreached:
-        diffs.append(f"kill points never reached: {unreached}")
+    diffs += never_reached(kill_log)
     if plan.dvc:
         diffs += _dvc_complete(vic_run)
-    report = Report(
-        passed=not diffs,
+    return conclude(
+        plan.out,
+        ref_run,
+        vic_run,
         level=plan.level,
         kills=kill_log,
-        resumes=resumes,
         differences=diffs,
         steps=plan.steps,
-        seconds=time.time() - started,
+        started=started,
+        draw=_plot,  # looked up now: a test replaces it
     )
-    try:
-        report.plot = str(_plot(plan, ref_run, vic_run, report))
-    except ImportError as err:  # the verdict stands without its picture
-        log.warning("drill: no plot (%s); pip install 'recovery[plot]' for drill.png", err)
-    (plan.out / DRILL_FILE).write_text(json.dumps(asdict(report), indent=1))
-    return report
 
 
 def _dvc_repo(out: Path) -> None:
@@ -286,38 +212,6 @@ def _dvc_complete(run_dir: Path) -> list[str]:
         for _, path in scan(run_dir).committed
         if not (state.get(path.name) and state[path.name].pushed)
     ]
-
-
-def _plot(plan: Plan, ref: Path, victim: Path, report: Report) -> Path:
-    import matplotlib
-
-    matplotlib.use("Agg")
-    import matplotlib.pyplot as plt
-
-    a, b = effective_steps(ref / METRICS_FILE), effective_steps(victim / METRICS_FILE)
-    fig, ax = plt.subplots(figsize=(9, 4.5))
-    xs = sorted(a)
-    ax.plot(xs, [a[s]["loss"] for s in xs], label="reference (uninterrupted)", lw=2.5, alpha=0.6)
-    ys = sorted(b)
-    ax.plot(ys, [b[s]["loss"] for s in ys], label="drilled (killed and resumed)", lw=1, ls="--")
-    for i, k in enumerate(report.kills):
-        if k["reached"]:
-            step = killpoints.parse(k["point"]).step
-            ax.axvline(step, color="red", alpha=0.5, lw=1, label="SIGKILL" if i == 0 else None)
-    for i, step in enumerate(report.resumes):
-        ax.axvline(step, color="green", alpha=0.5, lw=1, ls=":", label="resume" if i == 0 else None)
-    verdict = "PASS" if report.passed else f"FAIL ({len(report.differences)} differences)"
-    ax.set_title(
-        f"kill-and-resume drill: {len(report.kills)} kills, level {report.level}: {verdict}"
-    )
-    ax.set_xlabel("step")
-    ax.set_ylabel("training loss")
-    ax.legend()
-    path = plan.out / PLOT_FILE
-    fig.tight_layout()
-    fig.savefig(path, dpi=100)
-    plt.close(fig)
-    return path
 
 
 def preflight(path: Path, trust: TrustStore) -> dict[str, Any]:

@@ -35,6 +35,10 @@ commit after P, which every point after the anchor is. With ``checkpoint.async=t
 the commit, best copy and retention run on the writer thread, one save at most behind
 training (the next save waits for it), so the same holds.
 
+A drilled command (``recovery drill -- CMD``) is not configured but watched: its
+commits and retirements are those its uninterrupted run recorded in its journal, and
+only ``step-N``, the commit phases and ``retire-N@C`` are drawn (:func:`choose_observed`).
+
 Rejected: ``commit-aside-N`` (a re-save of a step that exists): ``+resume=latest``
 never re-saves an existing step and a branch moves the later ones away first, so a
 drill's run never reaches it.
@@ -202,10 +206,53 @@ def choose_points(
     room = _room(
         steps, every, keep_last=keep_last, keep_every=keep_every, keep_best=keep_best, dvc=dvc
     )
+    return _draw(rng, room, kills, f"a {steps}-step run saving every {every} steps")
+
+
+def observed_room(steps: int, commits: list[int], retires: list[tuple[int, int]]) -> _Room:
+    """What a run that was watched, not configured, offers: its step boundaries, the commit
+    phases of its checkpoints and its retirements, as its journal recorded them
+    (:mod:`recovery.tools.drill_command`). No branch (that needs ``+resume=<step>``), no
+    best copy and no DVC point: an arbitrary command offers neither the flag nor the
+    settings that decide them.
+
+    Raises:
+        ConfigError: the run committed no checkpoint before ``steps``.
+    """
+    ckpts = sorted(c for c in commits if c < steps)
+    if not ckpts:
+        raise ConfigError(
+            f"drill: the command committed no checkpoint before its last step {steps} "
+            f"(commits at {sorted(commits)}): save every N steps, N below the run's length"
+        )
+    return _Room(
+        limit=steps, ckpts=ckpts, retires=sorted(retires), anchors={}, background=[], best=None
+    )
+
+
+def choose_observed(
+    rng: random.Random,
+    *,
+    steps: int,
+    commits: list[int],
+    retires: list[tuple[int, int]],
+    kills: int,
+) -> list[str]:
+    """Like :func:`choose_points`, for the room :func:`observed_room` describes: the three
+    commit phases, one retirement (``retire-N@C``), then step boundaries.
+
+    Raises:
+        ConfigError: no checkpoint before ``steps``, or ``kills`` outside what it holds.
+    """
+    room = observed_room(steps, commits, retires)
+    return _draw(rng, room, kills, f"a {steps}-step run committing at steps {sorted(commits)}")
+
+
+def _draw(rng: random.Random, room: _Room, kills: int, what: str) -> list[str]:
     if not 0 <= kills <= room.capacity:
         raise ConfigError(
-            f"drill --kills: expected 0 to {room.capacity} (the distinct kill points of a "
-            f"{steps}-step run saving every {every} steps), got {kills}"
+            f"drill --kills: expected 0 to {room.capacity} (the distinct kill points of "
+            f"{what}), got {kills}"
         )
     chosen: dict[tuple[int, int, int], str] = {}
     left = kills

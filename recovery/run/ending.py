@@ -1,0 +1,109 @@
+"""The ending half of :class:`~recovery.run.checkpointer.Checkpointer`: after a commit and
+at the end of the run.
+
+What follows a commit (link, best copy, retention, cost record, DVC); flushing
+the save in flight; and closing the run (costs recorded; the watch, lock,
+guard and journal the checkpointer made, released). As a context manager the
+checkpointer closes itself, and a :class:`~recovery.errors.Preempted` leaving
+the block becomes ``SystemExit(75)`` ("checkpointed, requeue me"), so an own
+loop needs no ``try``.
+"""
+
+from __future__ import annotations
+
+import logging
+import time
+from types import TracebackType
+from typing import Self
+
+from recovery.config import parse_duration
+from recovery.errors import Preempted
+from recovery.format.manifest import Manifest
+from recovery.provenance import lineage
+from recovery.run import retention
+from recovery.run.cadence import Cadence
+from recovery.run.job import SaveJob
+from recovery.run.preemption import REQUEUE_EXIT
+from recovery.run.restoring import Restoring
+from recovery.run.savers import Cost, Inline
+from recovery.storage import tracking
+
+log = logging.getLogger(__name__)
+
+
+class Ending(Restoring):
+    """After-commit and close (the checkpointer's base, which sets these attributes)."""
+
+    publisher: tracking.Publisher | None
+    cadence: Cadence
+    pause_s: float
+    _saver: Inline
+    _created: float
+    _closed: bool = False
+
+    def _committed(self, job: SaveJob, mf: Manifest, cost: Cost) -> None:
+        """After a commit (on whichever thread wrote it): link, keep best, retain, record, push."""
+        if job.chained:
+            self.identity.previous = lineage.link(mf, job.final, self.root)
+            retired = retention.after_commit(
+                self.cfg,
+                self.run_dir,
+                job.final,
+                mf,
+                trust=self.trust,
+                allow_untrusted=self.allow_untrusted,
+                retire=self.publisher.retire if self.publisher is not None else None,
+            )
+            self.cadence.measured(cost_s=cost.pause_s, persist_s=cost.write_s)
+            if retired:  # so a later resume knows these are gone on purpose (run.history)
+                self._event({"event": "retired", "steps": retired})
+            self._event(cost.event(job.step, sum(r.size for r in mf.files)))
+        if self.publisher is not None:
+            self.publisher.submit(job.final)
+        log.info("%s %s committed (%.3fs)", job.purpose, job.final, cost.write_s)
+
+    def flush(self) -> None:
+        """Wait until the background save in flight (if any) is committed.
+
+        Raises:
+            CommitError: it failed.
+        """
+        self.pause_s += self._saver.wait()
+
+    def close(self) -> None:
+        """Flush the save in flight, stop the background thread, record the run's costs.
+
+        Also judges a resume-health window the run ended inside, stops watching,
+        uninstalls the preemption guard and closes the journal, where the
+        checkpointer made them.
+
+        Raises:
+            CommitError: the last background save failed.
+        """
+        if self._closed:  # once: a with-block closes what an explicit close() closed
+            return
+        self._closed = True
+        try:
+            self.pause_s += self._saver.close()
+        finally:
+            self._release()
+            if self.publisher is not None:
+                self.publisher.close(parse_duration(self.cfg.dvc.close_timeout))
+            self._event(self.cadence.summary(time.perf_counter() - self._created, self.pause_s))
+            if self._owned[0]:
+                self.journal.close()
+
+    def __enter__(self) -> Self:
+        return self
+
+    def __exit__(
+        self,
+        kind: type[BaseException] | None,
+        err: BaseException | None,
+        tb: TracebackType | None,
+    ) -> None:
+        """Close; a :class:`~recovery.errors.Preempted` leaving the block exits 75."""
+        self.close()
+        if isinstance(err, Preempted):
+            log.warning("%s", err)
+            raise SystemExit(REQUEUE_EXIT) from err

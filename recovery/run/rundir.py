@@ -1,0 +1,72 @@
+"""Before a run touches its directory: create it, lock it, tidy what dead writers left.
+
+Rank 0 creates the run directory, takes the writer's lock (one writer per run
+directory) and only then removes the temp directories of dead writes and
+finishes an interrupted move of an abandoned branch; a fresh run refuses a
+directory that already holds checkpoints.
+"""
+
+from __future__ import annotations
+
+import tempfile
+from pathlib import Path
+
+from recovery.errors import RecoveryError, RunDirInUseError, StorageError
+from recovery.format.layout import scan
+from recovery.integrity import commit
+from recovery.integrity.lock import RunLock
+from recovery.parallel import world as distributed
+from recovery.parallel.world import World
+from recovery.run import branches, history, retention
+
+
+def prepare(run_dir: Path, world: World, journal: Path) -> RunLock | None:
+    """Before a run touches its directory: rank 0 creates it, takes the writer's lock, and
+    only then removes the temp directories of dead writes and finishes an interrupted
+    move of an abandoned branch (:mod:`recovery.run.branches`); every rank waits for that.
+
+    Returns:
+        The lock (rank 0), to hold until the run ends.
+
+    Raises:
+        RunDirLockedError: another process is writing ``run_dir``.
+        StorageError: ``run_dir`` cannot be created or written (read-only, permissions).
+    """
+    lock = None
+    if world.leader:
+        try:
+            run_dir.mkdir(parents=True, exist_ok=True)
+            lock = RunLock.acquire(run_dir)
+            # fail now, not at the first commit after minutes of training
+            Path(tempfile.mkdtemp(prefix=".recovery-probe-", dir=run_dir)).rmdir()
+            commit.remove_stale(run_dir)
+            retention.tidy_best(run_dir)
+            branches.finish(run_dir, history.read(journal))
+        except OSError as err:
+            if lock is not None:
+                lock.release()
+            if isinstance(err, RecoveryError):
+                raise
+            raise StorageError(
+                f"{err.filename or run_dir}: cannot write the run directory "
+                f"({err.strerror or err}); the checkpoint root must be writable: fix its "
+                "permissions or choose another checkpoint.root=",
+                path=run_dir,
+            ) from err
+    distributed.barrier()
+    return lock
+
+
+def refuse_reuse(run_dir: Path) -> None:
+    """A fresh or warm-started run starts in a run directory without checkpoints.
+
+    Raises:
+        RunDirInUseError: ``run_dir`` holds committed checkpoints.
+    """
+    if committed := scan(run_dir).committed:
+        raise RunDirInUseError(
+            f"{run_dir}: already holds checkpoints up to step {committed[-1][0]}. "
+            "Pass +resume=latest to continue that run, or choose another run.name= "
+            "(or checkpoint.root=) for a new one.",
+            path=run_dir,
+        )

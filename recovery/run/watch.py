@@ -1,0 +1,227 @@
+"""What the checkpointer watches while a run trains: its optimizer steps and per-step records.
+
+Through torch's public optimizer step hooks (``register_step_pre_hook``,
+``register_step_post_hook``) and the journal's per-step records
+(:meth:`recovery.run.journal.Journal.watch`), so any loop gets both without
+calling anything:
+
+- **The resume health monitor.** Unless the state registers its own ``health``
+  (the recipes do) or health is off, a :class:`~recovery.state.health.HealthMonitor`
+  is registered as ``health`` before the restore (its history travels in every
+  checkpoint). Each optimizer step is measured by an
+  :class:`~recovery.state.health.UpdateProbe` (before and after the step) and its
+  learning rate noted; each per-step record the run writes through its journal
+  (``{"step": ..., "loss": ...}``) gets ``lr`` and ``update`` added where it lacks
+  them and feeds the monitor; its verdict after a resume is logged and journaled
+  (``resume_health``), at the end of the window or at :meth:`Watch.close`.
+- **State changed after a save.** At a save, each registered LR scheduler's
+  ``last_epoch`` and each enabled GradScaler's state is noted; at the next
+  optimizer step they must be unchanged. A scheduler stepped in between (an
+  epoch-end ``scheduler.step()`` after ``maybe_save``, a ``scaler.update()`` after
+  it) changed the run *after* the checkpoint was taken, in code a resumed run does
+  not execute again: a resume from that checkpoint trains another schedule. Warned
+  once per component (log and ``{"event": "warning", "kind": "stepped_after_save"}``).
+  Only these two kinds are checked: a sampler or loader moves legitimately before
+  the optimizer step (it draws the batch). A scheduler stepped at the top of the
+  loop before ``optimizer.step()`` (an order torch itself warns about) reads the
+  same way.
+- **The model left in eval mode.** A ``metrics`` callable (an evaluation pass,
+  run only at checkpoints) that calls ``model.eval()`` and not ``model.train()``
+  leaves the original run training without dropout from the first checkpoint
+  on, where a resumed run trains in train mode: warned once
+  (``{"event": "warning", "kind": "eval_mode_after_metrics"}``).
+"""
+
+from __future__ import annotations
+
+import logging
+from collections.abc import Callable
+from typing import Any
+
+import torch
+from torch.optim.lr_scheduler import LRScheduler
+
+from recovery.config import HealthConfig
+from recovery.parallel import sharded
+from recovery.parallel import world as distributed
+from recovery.run.journal import Journal
+from recovery.state.guards import EVAL_MODE, STEPPED_AFTER_SAVE, Caution
+from recovery.state.health import WARN, HealthMonitor, UpdateProbe, Verdict
+from recovery.state.registry import MODEL, OPTIMIZER, TrainState
+
+log = logging.getLogger(__name__)
+
+HEALTH = "health"
+
+
+def _fingerprint(obj: Any) -> Any:
+    """What must not change between a save and the next optimizer step, or ``None``."""
+    if isinstance(obj, LRScheduler):
+        return obj.last_epoch
+    if isinstance(obj, torch.amp.GradScaler) and obj.is_enabled():
+        return obj.state_dict()
+    return None
+
+
+class Watch:
+    """Watches one run's optimizer steps and per-step records (see the module docstring).
+
+    Args:
+        state: the run's state; a monitor is registered in it as ``health`` when
+            ``health`` is enabled and the state has none.
+        journal: the run's journal: per-step records are observed, events written.
+        health: the monitor's settings (``None``, or ``enabled=False``: no monitor).
+    """
+
+    def __init__(self, state: TrainState, journal: Journal, *, health: HealthConfig | None) -> None:
+        self.state = state
+        self.journal = journal
+        self.monitor: HealthMonitor | None = None
+        self.probe: UpdateProbe | None = None
+        optimizers = [o for o in state.components.values() if isinstance(o, torch.optim.Optimizer)]
+        main = state.components.get(OPTIMIZER)
+        main = main if isinstance(main, torch.optim.Optimizer) else next(iter(optimizers), None)
+        if health is not None and health.enabled and HEALTH not in state.components:
+            model = state.components.get(MODEL)
+            world = distributed.current()
+            basis = (
+                f"sharded:{world.size}:{world.rank}" if sharded.is_sharded(model) else "replicated"
+            )
+            self.monitor = HealthMonitor(health, basis=basis)
+            state.add(HEALTH, self.monitor)
+            if isinstance(model, torch.nn.Module):
+                self.probe = UpdateProbe(model.parameters(), health.sample)
+            elif main is not None:
+                params = [p for g in main.param_groups for p in g["params"]]
+                self.probe = UpdateProbe(params, health.sample)
+        self._main = main
+        self._hooks = [o.register_step_pre_hook(self._before_step) for o in optimizers]
+        if main is not None:
+            self._hooks.append(main.register_step_post_hook(self._after_step))
+        self._pending: dict[str, Any] | None = None
+        self._saved_step = -1
+        self._warned: set[str] = set()
+        self._lr_now: float | None = None
+        self._measured: dict[str, float] = {}
+        self._last_step = 0
+        journal.watch(self)
+
+    # -- optimizer steps ---------------------------------------------------------
+
+    def saved(self, step: int) -> None:
+        """A checkpoint of ``step`` was just taken: note what must not change before the
+        next optimizer step."""
+        self._saved_step = step
+        self._pending = {
+            name: mark
+            for name, obj in self.state.components.items()
+            if (mark := _fingerprint(obj)) is not None
+        }
+
+    def _before_step(self, opt: torch.optim.Optimizer, *_: Any) -> None:
+        if self._pending is not None:
+            pending, self._pending = self._pending, None
+            for name, before in pending.items():
+                now = _fingerprint(self.state.components.get(name))
+                if now != before and name not in self._warned:
+                    self._warn_changed(name, before, now)
+        if opt is self._main:
+            self._lr_now = float(opt.param_groups[0]["lr"]) if opt.param_groups else None
+            if self.probe is not None:
+                self.probe.before()
+
+    def _after_step(self, opt: torch.optim.Optimizer, *_: Any) -> None:
+        if self._lr_now is not None:
+            self._measured["lr"] = self._lr_now
+        if self.probe is not None:
+            self._measured["update"] = self.probe.after()
+
+    def _warn_changed(self, name: str, before: Any, now: Any) -> None:
+        self._warned.add(name)
+        what = (
+            f"last_epoch {before} -> {now}"
+            if isinstance(before, int)
+            else "its state changed (scaler.update() after maybe_save?)"
+        )
+        caution = Caution(
+            STEPPED_AFTER_SAVE,
+            name,
+            f"{name!r} changed after the checkpoint of step {self._saved_step} was taken and "
+            f"before the next optimizer step ({what}): the checkpoint does not hold that "
+            "change and a resume from it does not make it again, so the resumed run would "
+            f"train another schedule. Call maybe_save after {name}.step() (an epoch-end "
+            "step() included)",
+        )
+        log.warning("%s", caution.message)
+        self.journal.write(caution.record(step=self._saved_step))
+
+    def evaluate(self, metrics: Callable[[], dict[str, Any]], step: int) -> dict[str, Any]:
+        """``metrics()`` at the checkpoint of ``step``, warning once if it changed the
+        model's train/eval mode."""
+        model = self.state.components.get(MODEL)
+        if not isinstance(model, torch.nn.Module):
+            return metrics()
+        before = model.training
+        values = metrics()
+        if model.training != before and EVAL_MODE not in self._warned:
+            self._warned.add(EVAL_MODE)
+            now, back = ("train", "eval") if model.training else ("eval", "train")
+            caution = Caution(
+                EVAL_MODE,
+                MODEL,
+                f"the metrics callable left the model in {now} mode at the checkpoint of step "
+                f"{step}: this run goes on training in {now} mode, a run resumed from that "
+                f"checkpoint in the mode the model was built in. Call model.{back}() at the "
+                "end of the callable",
+            )
+            log.warning("%s", caution.message)
+            self.journal.write(caution.record(step=step))
+        return values
+
+    # -- per-step records (Journal.watch) ----------------------------------------
+
+    def annotate(self, record: dict[str, Any]) -> dict[str, Any]:
+        """Fields to add to a per-step record: the last optimizer step's ``lr`` and ``update``."""
+        measured, self._measured = self._measured, {}
+        return measured if self.monitor is not None else {}
+
+    def observed(self, record: dict[str, Any]) -> None:
+        """Feed a written per-step record to the monitor; report a verdict it returns."""
+        self._last_step = int(record["step"])
+        loss = record.get("loss")
+        if self.monitor is None or not isinstance(loss, int | float):
+            return
+        lr = record.get("lr")
+        update = record.get("update")
+        self.report(
+            self.monitor.observe(
+                self._last_step,
+                loss=float(loss),
+                lr=float(lr) if isinstance(lr, int | float) else 0.0,
+                update=float(update) if isinstance(update, int | float) else None,
+            )
+        )
+
+    def report(self, verdict: Verdict | None) -> None:
+        """Log a resume-health verdict (a warning when it departed) and journal it."""
+        report(self.journal, self._last_step, verdict)
+
+    def close(self) -> None:
+        """Judge a window the run ended inside; stop watching (hooks removed)."""
+        if self.monitor is not None:
+            self.report(self.monitor.finish())
+        self.journal.unwatch(self)
+        for hook in self._hooks:
+            hook.remove()
+        self._hooks = []
+
+
+def report(journal: Journal, step: int, verdict: Verdict | None) -> None:
+    """Log a resume-health verdict (a warning when it departed) and journal it at ``step``."""
+    if verdict is None:
+        return
+    if verdict.status == WARN:
+        log.warning("%s", verdict.describe())
+    else:
+        log.info("%s", verdict.describe())
+    journal.write({**verdict.record(), "step": step})
