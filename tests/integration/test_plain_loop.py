@@ -106,3 +106,34 @@ def test_killed_and_rerun_it_trains_the_uninterrupted_run_bit_for_bit(
     a, b = final_tensors(tmp_path / "ref", steps), final_tensors(victim, steps)
     assert a.keys() == b.keys()
     assert all(torch.equal(a[k], b[k]) for k in a)
+
+
+@pytest.mark.parametrize("drop", [None, "sampler"], ids=["passes", "drop-data-position"])
+def test_recovery_drill_of_the_example(tmp_path: Path, drop: str | None) -> None:
+    # the command: kills in every commit phase and a retirement; dropping the data
+    # position from the restore (the drill's failure switch) is a difference, exit 23
+    import json
+
+    env = {k: v for k, v in os.environ.items() if k not in (KEY_ENV, "RECOVERY_DRILL_DROP")}
+    if drop:
+        env["RECOVERY_DRILL_DROP"] = drop
+    out = tmp_path / "drill"
+    cmd = [str(Path(sys.executable).parent / "recovery"), "drill", "--kills", "4", "--seed", "0"]
+    cmd += ["--out", str(out), "--", sys.executable, str(SCRIPT), "--run-dir", "{run_dir}"]
+    proc = subprocess.run(
+        [*cmd, "--workers", "1"], env=env, cwd=tmp_path, capture_output=True, text=True, timeout=600
+    )
+    report = json.loads((out / "drill.json").read_text())
+    points = [k["point"] for k in report["kills"]]
+    assert all(k["reached"] and k["exit"] == -signal.SIGKILL for k in report["kills"])
+    assert {p.rsplit("-", 1)[0] for p in points if p.startswith("commit-")} == {
+        "commit-write",
+        "commit-before-manifest",
+        "commit-before-rename",
+    }
+    if drop is None:
+        assert proc.returncode == 0, proc.stdout + proc.stderr
+        assert report["passed"] and report["resumes"]
+    else:
+        assert proc.returncode == 23, proc.stdout + proc.stderr
+        assert any("loss" in d for d in report["differences"]), report
