@@ -3,6 +3,7 @@
 One module per command group (:mod:`~recovery.cli.listing`: ls;
 :mod:`~recovery.cli.reading`: verify, inspect, audit; :mod:`~recovery.cli.drill`;
 :mod:`~recovery.cli.serve`: export, predict; :mod:`~recovery.cli.importing`: import;
+:mod:`~recovery.cli.reporting`: report;
 :mod:`~recovery.cli.plan`;
 :mod:`~recovery.cli.sync`; :mod:`~recovery.cli.keys`), composing the project's config from overrides
 (:mod:`~recovery.cli.overrides`, also ``train.py``'s preflight), the exit-code

@@ -20,7 +20,7 @@ from recovery import errors
 from recovery.cli.common import add_trust_flags, emit, trust_of
 from recovery.cli.overrides import compose
 from recovery.config import CheckpointConfig, DrillConfig, TrainConfig, parse_duration, typed
-from recovery.tools import drill, drill_command
+from recovery.tools import drill, drill_command, report_drill
 from recovery.tools.drill_verdict import Report
 
 _OVERRIDE = re.compile(r"^(~|\+{0,2}[\w.@/\[\]-]+=)")
@@ -49,8 +49,19 @@ def _usage(message: str) -> int:
     return USAGE
 
 
+def _page(out: Path, report: Report) -> str | None:
+    """Write ``drill.html`` beside ``drill.png`` (none without matplotlib, as the plot)."""
+    if report.plot is None:
+        return None
+    try:
+        return str(report_drill.write(out, report))
+    except errors.ConfigError:  # the verdict stands without its page
+        return None
+
+
 def _verdict(args: argparse.Namespace, report: Report, what: str, out: Path) -> int:
     """Print the report (text or ``--json``); a failed drill is a DrillError (exit 23)."""
+    page = _page(out, report)
     reached = sum(k["reached"] for k in report.kills)
     lines = [
         f"drill of {what}: {reached} kills "
@@ -63,9 +74,9 @@ def _verdict(args: argparse.Namespace, report: Report, what: str, out: Path) -> 
         ),
         *(f"  {d}" for d in report.differences[:20]),
         f"report {out / drill.DRILL_FILE}, plot {report.plot or 'none (needs recovery[plot])'}, "
-        f"{report.seconds:.0f}s",
+        f"page {page or 'none'}, {report.seconds:.0f}s",
     ]
-    emit(args, {**report.__dict__, "out": str(out)}, "\n".join(lines))
+    emit(args, {**report.__dict__, "out": str(out), "page": page}, "\n".join(lines))
     if not report.passed:
         raise errors.DrillError(
             f"drill failed: {len(report.differences)} differences, first: {report.differences[0]}"

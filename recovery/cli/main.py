@@ -12,11 +12,21 @@ import sys
 from collections.abc import Sequence
 
 from recovery import errors
-from recovery.cli import drill, importing, keys, listing, plan, reading, serve, sync
+from recovery.cli import (
+    drill,
+    importing,
+    keys,
+    listing,
+    plan,
+    reading,
+    reporting,
+    serve,
+    sync,
+)
 from recovery.cli.codes import report
 from recovery.version import __version__
 
-COMMAND_GROUPS = (listing, reading, drill, serve, importing, plan, sync, keys)
+COMMAND_GROUPS = (listing, reading, reporting, drill, serve, importing, plan, sync, keys)
 """Each registers its subcommands, in this order in ``recovery --help``."""
 
 

@@ -25,7 +25,7 @@ from recovery.cli.common import (
 )
 from recovery.provenance import lineage
 from recovery.state.registry import MODEL
-from recovery.tools import audit
+from recovery.tools import audit, report_lineage
 
 
 def cmd_verify(args: argparse.Namespace) -> int:
@@ -170,13 +170,20 @@ def audit_text(report: audit.Report) -> str:
 
 
 def cmd_audit(args: argparse.Namespace) -> int:
+    if args.json and args.format == "dot":
+        print("error: audit: --json and --format dot are two outputs; pick one", file=sys.stderr)
+        return 2
     report = audit.audit(
         Path(args.path),
         trust_of(args),
         allow_untrusted=args.allow_untrusted,
         root=Path(args.root) if args.root else None,
     )
-    emit(args, report.as_dict(), audit_text(report))
+    if args.format == "dot":  # the report's lineage graph, for Graphviz
+        graph = report_lineage.graph([report])
+        print(report_lineage.dot(graph, f"lineage of {report.path}"), end="")
+    else:
+        emit(args, report.as_dict(), audit_text(report))
     if report.ok:
         return 0
     first = report.failures[0]
@@ -198,6 +205,12 @@ def register(sub: Any) -> None:
     p.add_argument("path")
     p.add_argument(
         "--root", help="checkpoint root to find ancestors in (default: above the run dir)"
+    )
+    p.add_argument(
+        "--format",
+        choices=("text", "dot"),
+        default="text",
+        help="text (default), or dot: the lineage graph for Graphviz (dot -Tsvg)",
     )
     p.set_defaults(func=cmd_audit)
     add_trust_flags(p)

@@ -21,7 +21,6 @@ from recovery.format.layout import METRICS_FILE
 from recovery.integrity.signing import TrustStore
 from recovery.run import resume
 from recovery.run.journal import effective_steps, read
-from recovery.tools import killpoints
 
 log = logging.getLogger(__name__)
 
@@ -145,6 +144,10 @@ class Report:
     steps: int
     seconds: float
     plot: str | None = None
+    reference: str | None = None
+    """The uninterrupted run's directory."""
+    victim: str | None = None
+    """The drilled (killed and resumed) run's directory."""
 
 
 def conclude(
@@ -171,6 +174,8 @@ def conclude(
         differences=differences,
         steps=steps,
         seconds=time.time() - started,
+        reference=str(ref),
+        victim=str(victim),
     )
     try:
         report.plot = str((draw or plot)(out, ref, victim, report))
@@ -181,37 +186,33 @@ def conclude(
 
 
 def plot(out: Path, ref: Path, victim: Path, report: Report) -> Path:
-    """``out/drill.png``: both loss curves, the kills and the resumes.
+    """``out/drill.png``: both loss curves, each kill numbered and labelled with its phase
+    (kills at one step stacked, so none hides another), and the resumes
+    (:func:`recovery.tools.drill_chart.drill_figure`, also the picture of ``drill.html``).
 
     Raises:
         ImportError: matplotlib is not installed (the ``[plot]`` extra).
     """
-    import matplotlib
+    import matplotlib  # noqa: F401  (ImportError here: the verdict stands without a picture)
 
-    matplotlib.use("Agg")
-    import matplotlib.pyplot as plt
+    from recovery.tools.drill_chart import drill_figure, drill_style
 
-    a, b = effective_steps(ref / METRICS_FILE), effective_steps(victim / METRICS_FILE)
-    fig, ax = plt.subplots(figsize=(9, 4.5))
-    xs = sorted(s for s in a if "loss" in a[s])
-    ax.plot(xs, [a[s]["loss"] for s in xs], label="reference (uninterrupted)", lw=2.5, alpha=0.6)
-    ys = sorted(s for s in b if "loss" in b[s])
-    ax.plot(ys, [b[s]["loss"] for s in ys], label="drilled (killed and resumed)", lw=1, ls="--")
-    for i, k in enumerate(report.kills):
-        if k["reached"]:
-            step = killpoints.parse(k["point"]).step
-            ax.axvline(step, color="red", alpha=0.5, lw=1, label="SIGKILL" if i == 0 else None)
-    for i, step in enumerate(report.resumes):
-        ax.axvline(step, color="green", alpha=0.5, lw=1, ls=":", label="resume" if i == 0 else None)
-    verdict = "PASS" if report.passed else f"FAIL ({len(report.differences)} differences)"
-    ax.set_title(
-        f"kill-and-resume drill: {len(report.kills)} kills, level {report.level}: {verdict}"
-    )
-    ax.set_xlabel("step")
-    ax.set_ylabel("training loss")
-    ax.legend()
-    path = out / PLOT_FILE
-    fig.tight_layout()
-    fig.savefig(path, dpi=100)
-    plt.close(fig)
+    with drill_style() as plt:
+        fig = drill_figure(
+            plt,
+            effective_steps(ref / METRICS_FILE),
+            effective_steps(victim / METRICS_FILE),
+            report.kills,
+            report.resumes,
+            title(report),
+        )
+        path = out / PLOT_FILE
+        fig.savefig(path, dpi=100)
+        plt.close(fig)
     return path
+
+
+def title(report: Report) -> str:
+    """The picture's title: kills, level, verdict."""
+    verdict = "PASS" if report.passed else f"FAIL ({len(report.differences)} differences)"
+    return f"kill-and-resume drill: {len(report.kills)} kills, level {report.level}: {verdict}"

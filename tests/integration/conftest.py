@@ -197,3 +197,27 @@ def assert_same_run(reference: Path, run_dir: Path, trust) -> None:
             assert torch.equal(flat_a[key], flat_b[key]), f"{component} {key} differs"
     assert a["sampler"] == b["sampler"] and a["scheduler"] == b["scheduler"]
     assert torch.equal(a["rng"]["torch"], b["rng"]["torch"])
+
+
+def run_killed_at(
+    cmd: list[str], *, env: dict[str, str], cwd: Path, pause_at: str | None
+) -> tuple[int, str]:
+    """Run ``cmd``; with ``pause_at``, SIGKILL it once it reaches that fault point.
+
+    Returns its exit status (``-SIGKILL`` when killed) and its output.
+    """
+    mark = cwd / f"paused-{os.getpid()}-{time.monotonic_ns()}.mark"
+    if pause_at:
+        env = {**env, faults.PAUSE_ENV: pause_at, faults.MARK_ENV: str(mark)}
+    proc = subprocess.Popen(
+        cmd, env=env, cwd=cwd, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True
+    )
+    if pause_at:
+        deadline = time.monotonic() + 120
+        while not mark.exists():
+            assert proc.poll() is None and time.monotonic() < deadline, proc.stdout.read()  # type: ignore[union-attr]
+            time.sleep(0.05)
+        os.kill(proc.pid, signal.SIGKILL)
+        mark.unlink()
+    out, _ = proc.communicate(timeout=180)
+    return proc.returncode, out

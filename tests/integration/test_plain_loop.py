@@ -6,19 +6,18 @@ import os
 import signal
 import subprocess
 import sys
-import time
 from pathlib import Path
 
 import pytest
 import torch
 
-from recovery import faults
 from recovery.format.layout import step_dir_name
 from recovery.integrity.signing import TrustStore
 from recovery.integrity.trust import KEY_ENV
 from recovery.run import resume
 from recovery.run.journal import effective_steps, read
 from recovery.tools.drill import flat_tensors
+from tests.integration.conftest import run_killed_at
 
 ROOT = Path(__file__).resolve().parents[2]
 SCRIPT = ROOT / "examples" / "plain_loop.py"
@@ -49,22 +48,8 @@ def test_the_readme_own_loop_section_is_the_example_file() -> None:
 def train(run_dir: Path, *args: str, pause_at: str | None = None) -> tuple[int, str]:
     """Run the example as a user would (core install only); SIGKILL it at ``pause_at``."""
     env = {k: v for k, v in os.environ.items() if k != KEY_ENV}
-    mark = run_dir.parent / f"{run_dir.name}.mark"
-    if pause_at:
-        env |= {faults.PAUSE_ENV: pause_at, faults.MARK_ENV: str(mark)}
-    proc = subprocess.Popen(
-        [sys.executable, "-c", BLOCK, str(SCRIPT), "--run-dir", str(run_dir), *args],
-        env=env, cwd=run_dir.parent, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
-    )  # fmt: skip
-    if pause_at:
-        deadline = time.monotonic() + 120
-        while not mark.exists():
-            assert proc.poll() is None and time.monotonic() < deadline, proc.stdout.read()  # type: ignore[union-attr]
-            time.sleep(0.05)
-        os.kill(proc.pid, signal.SIGKILL)
-        mark.unlink()
-    out, _ = proc.communicate(timeout=180)
-    return proc.returncode, out
+    cmd = [sys.executable, "-c", BLOCK, str(SCRIPT), "--run-dir", str(run_dir), *args]
+    return run_killed_at(cmd, env=env, cwd=run_dir.parent, pause_at=pause_at)
 
 
 def final_tensors(run_dir: Path, step: int) -> dict[str, torch.Tensor]:

@@ -50,13 +50,14 @@ def test_public_surface_is_pinned():
         "ls",
         "plan",
         "predict",
+        "report",
         "sync",
         "verify",
     ]
 
 
 CLI_FLAGS = {
-    "audit": ["--allow-untrusted", "--json", "--root", "--trusted", "path"],
+    "audit": ["--allow-untrusted", "--format", "--json", "--root", "--trusted", "path"],
     "drill": [
         "--allow-untrusted",
         "--dvc",
@@ -77,6 +78,17 @@ CLI_FLAGS = {
     "ls": ["--allow-untrusted", "--json", "--trusted", "run_dir"],
     "plan": ["--async", "--cost", "--intervals", "--json", "--mtbf"],
     "predict": ["--allow-untrusted", "--input", "--json", "--trusted", "artifact"],
+    "report": [
+        "--allow-untrusted",
+        "--export",
+        "--json",
+        "--mtbf",
+        "--out",
+        "--reference",
+        "--root",
+        "--trusted",
+        "run_dir",
+    ],
     "sync": ["--json", "--push", "--remote", "--timeout", "run_dir"],
     "verify": ["--allow-untrusted", "--json", "--trusted", "path"],
 }
