@@ -36,8 +36,6 @@ import shutil
 from pathlib import Path
 from typing import Any
 
-from torch.distributed.checkpoint.api import CheckpointException
-
 from recovery import faults
 from recovery.errors import CommitError, ConfigError, IncompatibleStateError, RecoveryError
 from recovery.format import tensorfile
@@ -94,7 +92,9 @@ def write_parts(
     model, optimizer = state.components[MODEL], state.components[OPTIMIZER]
     try:
         groups = sharded.save(model, optimizer, tmp / DCP_DIR)
-    except (Exception, CheckpointException) as err:  # DCP's wrapper is a BaseException
+    except BaseException as err:  # DCP's wrapper of the ranks' failures is a BaseException
+        if not sharded.dcp_failure(err):
+            raise
         _abandon(tmp, world)
         raise CommitError(
             f"step {step}: the sharded save failed ({sharded.failure(err)}); "

@@ -22,12 +22,6 @@ from typing import Any
 
 import torch
 import torch.distributed as dist
-from torch.distributed.checkpoint.api import CheckpointException
-from torch.distributed.checkpoint.filesystem import FileSystemWriter
-from torch.distributed.checkpoint.metadata import TensorStorageMetadata
-from torch.distributed.checkpoint.state_dict import get_state_dict, set_state_dict
-from torch.distributed.checkpoint.state_dict_loader import load as dcp_load
-from torch.distributed.checkpoint.state_dict_saver import save as dcp_save
 from torch.utils._pytree import tree_map_only
 
 from recovery.errors import FormatError, IncompatibleStateError, RecoveryError
@@ -35,12 +29,26 @@ from recovery.format import codec, tensorfile
 from recovery.format.layout import DISTRIBUTED, RANK_DIR, TENSOR_SUFFIX
 from recovery.format.manifest import FileRecord
 from recovery.integrity import commit
-from recovery.integrity.dcp import VerifiedReader
 
 SHARDED = ("model", "optimizer")
 """Components that go through DCP in a distributed checkpoint."""
 PER_RANK = ("rng",)
 """Components every rank saves for itself."""
+
+
+# torch.distributed.checkpoint is imported where it is used: importing it costs about
+# 1.5 s (it pulls in DTensor), which every process that never runs under torchrun
+# (an own loop, `recovery verify`, each test's subprocess) would otherwise pay at start
+
+
+def dcp_failure(err: BaseException) -> bool:
+    """Whether ``err`` is a failure to report (any ``Exception``, or DCP's wrapper of the
+    ranks' failures, a ``BaseException``), not an interrupt to let through."""
+    if isinstance(err, Exception):
+        return True
+    from torch.distributed.checkpoint.api import CheckpointException
+
+    return isinstance(err, CheckpointException)
 
 
 def _alone() -> bool:
@@ -127,6 +135,10 @@ def full_model(files: dict[str, Any], *, where: Path) -> dict[str, torch.Tensor]
     Args:
         files: the checkpoint's verified files; where: its directory (for messages).
     """
+    from torch.distributed.checkpoint.metadata import TensorStorageMetadata
+
+    from recovery.integrity.dcp import VerifiedReader
+
     prefix = "model."
     try:
         saved = VerifiedReader(files, where=where).read_metadata().state_dict_metadata
@@ -138,7 +150,9 @@ def full_model(files: dict[str, Any], *, where: Path) -> dict[str, torch.Tensor]
         _read(target, files, where=where)
     except RecoveryError:
         raise
-    except (Exception, CheckpointException) as err:
+    except BaseException as err:
+        if not dcp_failure(err):
+            raise
         raise FormatError(
             f"{where}: its verified dcp/ files do not decode as a DCP checkpoint "
             f"({failure(err)}); resume from another checkpoint.",
@@ -178,13 +192,19 @@ def _read(target: dict[str, Any], files: dict[str, Any], *, where: Path) -> None
 
     Raises:
         RecoveryError: the verified reader refused (a file DCP asked for was not verified).
-        CheckpointException, Exception: DCP's own failure (the caller says what it means).
+        BaseException: DCP's own failure, :func:`dcp_failure` (the caller says what it means).
     """
+    from torch.distributed.checkpoint.state_dict_loader import load as dcp_load
+
+    from recovery.integrity.dcp import VerifiedReader
+
     try:
         _quiet(
             dcp_load, target, storage_reader=VerifiedReader(files, where=where), no_dist=_alone()
         )
-    except (Exception, CheckpointException) as err:
+    except BaseException as err:
+        if not dcp_failure(err):
+            raise
         inner = _first(err)[1]
         if isinstance(inner, RecoveryError):
             raise inner from err
@@ -199,6 +219,10 @@ def save(
     Returns:
         What ``state.json`` keeps: the optimizer's param groups.
     """
+    from torch.distributed.checkpoint.filesystem import FileSystemWriter
+    from torch.distributed.checkpoint.state_dict import get_state_dict
+    from torch.distributed.checkpoint.state_dict_saver import save as dcp_save
+
     msd, osd = get_state_dict(model, optimizer)
     _quiet(
         dcp_save,
@@ -225,6 +249,8 @@ def load(
     Raises:
         IncompatibleStateError: the saved tensors or param groups do not fit.
     """
+    from torch.distributed.checkpoint.state_dict import get_state_dict, set_state_dict
+
     msd, osd = get_state_dict(model, optimizer)
     groups = saved.get("param_groups")
     if not isinstance(groups, list) or len(groups) != len(osd["param_groups"]):
@@ -242,7 +268,9 @@ def load(
         _read(target, files, where=where)
     except RecoveryError:
         raise
-    except (Exception, CheckpointException) as err:
+    except BaseException as err:
+        if not dcp_failure(err):
+            raise
         reason = failure(err)
         raise IncompatibleStateError(
             f"{where}: the sharded model/optimizer state does not fit this run: {reason}. "
