@@ -169,7 +169,9 @@ def run(cfg: DictConfig) -> int:
     signer = trust.resolve_signer(signing_cfg)
     keys = trust.resolve_trust(signing_cfg, signer)
     run_dir = Path(ck.root) / run_cfg.name
-    source = resume.select(run_dir, ex.source, keys, allow_untrusted=signing_cfg.allow_untrusted)
+    source = resume.select(
+        run_dir, ex.source, keys, allow_untrusted=signing_cfg.allow_untrusted, key="export.source"
+    )
     if source is None:
         raise ConfigError(
             f"export: no verified checkpoint in {run_dir}; train first (python train.py)"

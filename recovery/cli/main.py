@@ -8,6 +8,7 @@ exit code of its class (:mod:`recovery.cli.codes`).
 from __future__ import annotations
 
 import argparse
+import os
 import sys
 from collections.abc import Sequence
 
@@ -55,8 +56,20 @@ def main(argv: Sequence[str] | None = None) -> int:
 
 
 def main_entry() -> None:
-    """Console-script wrapper around :func:`main`."""
-    sys.exit(main())
+    """Console-script wrapper around :func:`main`.
+
+    A reader that stops early (``recovery ls --json | head``) closes the pipe; that
+    ends the output quietly, with the exit code the command had reached (no traceback).
+    """
+    try:
+        code = main()
+        sys.stdout.flush()
+    except BrokenPipeError:
+        # stdout is gone: point it at devnull so the interpreter's own flush at exit
+        # does not raise again (the pattern the Python docs give for SIGPIPE)
+        os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())
+        code = 0
+    sys.exit(code)
 
 
 if __name__ == "__main__":

@@ -63,6 +63,7 @@ def cmd_inspect(args: argparse.Namespace) -> int:
         "purpose": mf.purpose,
         "run_id": rec.get("run_id"),
         "components": loaded.components,
+        "absent": rec.get("absent") or {},
         "files": [{"name": r.name, "size": r.size, "sha256": r.sha256} for r in mf.files],
         "sha256": mf.root,
         "parameters_sha256": parameters_digest(model) if isinstance(model, dict) else None,
@@ -82,6 +83,7 @@ def cmd_inspect(args: argparse.Namespace) -> int:
         f"run id      {data['run_id']}",
         f"signer      {signer_text(data['signer'])}",
         f"components  {', '.join(loaded.components)}",
+        *(f"absent      {name}: {why}" for name, why in sorted(data["absent"].items())),
         f"parameters  sha256 {data['parameters_sha256']}",
         f"metrics     {json.dumps(data['metrics'], sort_keys=True)}",
         f"code        {code.get('commit') or code.get('reason')}"

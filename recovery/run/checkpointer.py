@@ -290,7 +290,7 @@ class Checkpointer(Ending):
         self._event({"event": "preempted", "signal": signal_name, "step": step})
         raise Preempted(
             f"{signal_name}: checkpointed step {step} in {self.run_dir}; "
-            "requeue the same command with +resume=latest",
+            "requeue the same command (train.py: with +resume=latest)",
             step=step,
             signal_name=signal_name,
             path=self.run_dir / step_dir_name(step),

@@ -64,8 +64,10 @@ class Loaded:
     """Newer checkpoints passed over (``latest`` only), with the reason for each."""
 
 
-def parse_spec(spec: object) -> str | int | Path:
+def parse_spec(spec: object, key: str = "+resume") -> str | int | Path:
     """Normalise a ``+resume=`` value: ``"latest"``, ``"best"``, a step (int) or a path.
+
+    ``key`` is the config key the value came from (``export.source``), for the messages.
 
     A bare word (no ``/``, not starting with ``.`` or ``~``) is a path only if something by
     that name exists in the working directory: otherwise it is a typo, not a checkpoint to
@@ -75,15 +77,16 @@ def parse_spec(spec: object) -> str | int | Path:
         ConfigError: an empty or negative value, or a bare word that is neither ``latest``,
             ``best``, a step number nor an existing path (with "did you mean" when close).
     """
+    name = key.lstrip("+")
     if isinstance(spec, bool) or spec is None:
-        raise ConfigError(f"resume: expected latest, a step number or a path, got {spec!r}")
+        raise ConfigError(f"{name}: expected latest, a step number or a path, got {spec!r}")
     if isinstance(spec, int):
         if spec < 0:
-            raise ConfigError(f"resume: step must be >= 0, got {spec}")
+            raise ConfigError(f"{name}: step must be >= 0, got {spec}")
         return spec
     text = str(spec).strip()
     if not text:
-        raise ConfigError("resume: expected latest, a step number or a path, got an empty value")
+        raise ConfigError(f"{name}: expected latest, a step number or a path, got an empty value")
     if text in (LATEST, BEST):
         return text
     if text.isdigit():
@@ -91,19 +94,19 @@ def parse_spec(spec: object) -> str | int | Path:
     bare = "/" not in text and os.sep not in text and not text.startswith((".", "~"))
     if bare and not os.path.lexists(text):
         raise ConfigError(
-            f"resume: {text!r} is neither latest, a step number nor an existing path (nothing "
-            f"named so in {os.getcwd()}){_did_you_mean(text)} Use +resume=latest, "
-            "+resume=<step> or +resume=<checkpoint directory>."
+            f"{name}: {text!r} is neither latest, a step number nor an existing path (nothing "
+            f"named so in {os.getcwd()}){_did_you_mean(text, key)} Use {key}=latest, "
+            f"{key}=<step> or {key}=<checkpoint directory>."
         )
     return Path(text)
 
 
-def _did_you_mean(word: str) -> str:
+def _did_you_mean(word: str, key: str = "+resume") -> str:
     """The message's "; did you mean ...?" for a word close to ``latest``, ``best`` or a step
     directory's name (``step-N``: the step), else its full stop."""
     named = re.fullmatch(r"step-(\d+)", word)
     if named:
-        return f"; did you mean +resume={int(named.group(1))}?"
+        return f"; did you mean {key}={int(named.group(1))}?"
     close = difflib.get_close_matches(word.lower(), [LATEST, BEST], n=1, cutoff=0.6)
     return f"; did you mean {close[0]}?" if close else "."
 
@@ -136,6 +139,7 @@ def select(
     allow_untrusted: bool = False,
     history: History | None = None,
     strict: bool = False,
+    key: str = "+resume",
 ) -> Loaded | None:
     """The checkpoint ``spec`` names in ``run_dir``, verified and decoded.
 
@@ -155,9 +159,9 @@ def select(
         ForeignCheckpointError: ``latest`` found only another run's checkpoints
             (or one at all, when ``strict``).
         RollbackError: ``strict``, and ``latest`` would roll the run back.
-        ConfigError: a malformed spec.
+        ConfigError: a malformed spec (named as ``key``, the config key it came from).
     """
-    want = parse_spec(spec)
+    want = parse_spec(spec, key)
     if want == BEST:
         # committed ones only (never an interrupted copy's temp dir); the newest is the best
         kept = [p for _, p in scan(run_dir / BEST_DIR).committed]

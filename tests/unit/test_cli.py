@@ -288,3 +288,21 @@ def test_version(capsys):
         done.value.code == 0
         and capsys.readouterr().out.strip() == f"recovery {recovery.__version__}"
     )
+
+
+def test_a_reader_that_stops_early_ends_the_output_quietly():
+    # `recovery ... | head`: the pipe closes under a long output; no traceback, exit 0
+    import subprocess
+    import sys
+    from pathlib import Path
+
+    intervals = ",".join(f"{i}s" for i in range(1, 20000))
+    exe = Path(sys.executable).parent / "recovery"
+    cmd = [str(exe), "plan", "--cost", "60s", "--mtbf", "24h", "--intervals", intervals]
+    proc = subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.PIPE)
+    assert proc.stdout is not None and proc.stderr is not None
+    proc.stdout.read(10)
+    proc.stdout.close()
+    err = proc.stderr.read().decode()
+    assert proc.wait(timeout=60) == 0, err
+    assert "Traceback" not in err

@@ -225,3 +225,18 @@ def test_the_signed_declaration_is_what_the_contract_checks(tmp_path, signer, tr
     resign(path, signer, lambda st: st["predicate"]["recovery"].update(absent={"optimizer": "x"}))
     with pytest.raises(PurposeError, match="'optimizer' cannot be declared absent"):
         resume.load(path, trust)
+
+
+def test_inspect_shows_the_declared_absences(tmp_path, signer, trust, prov, capsys):
+    from recovery import cli
+
+    state = nano()
+    with checkpointer(tmp_path / "run", signer, trust, prov) as ck:
+        train(state, ck, ck.restore(state, "latest"), 4)
+    path = tmp_path / "run" / step_dir_name(4)
+    args = ["inspect", str(path), "--allow-untrusted"]
+    assert cli.main(args) == 0
+    out = capsys.readouterr().out
+    assert "absent      scheduler: lr is a function of the step" in out
+    assert cli.main([*args, "--json"]) == 0
+    assert json.loads(capsys.readouterr().out)["absent"] == WHY

@@ -145,3 +145,10 @@ def test_train_py_with_a_typo_of_latest_prints_one_line_and_exits_12(tmp_path, s
     assert output.startswith("error: resume: 'lastest' is neither latest") and (
         "did you mean latest?" in output
     )
+
+
+def test_a_bad_spec_is_named_by_the_key_it_came_from():
+    with pytest.raises(ConfigError, match=r"^export\.source: 'lastest'.*did you mean latest\?"):
+        resume.parse_spec("lastest", "export.source")
+    with pytest.raises(ConfigError, match=r"export\.source=latest"):
+        resume.parse_spec("lastest", "export.source")
