@@ -2,8 +2,8 @@
 
 Each kill is a numbered line over the curves and, in a strip below them, a marker whose
 shape and colour are its phase (a step boundary, each commit phase, a retirement, a
-branch's move, the best copy, the DVC publisher) with its label; kills at one step are
-stacked in that strip, so none hides another. One figure serves ``drill.png``
+branch's move, the best copy, the DVC publisher) with its label, each kill on a row of
+its own in the order they happened, so none hides another. One figure serves ``drill.png``
 (:func:`recovery.tools.drill_verdict.plot`) and ``drill.html``
 (:mod:`recovery.tools.report_drill`), drawn with the report's settings
 (:func:`recovery.tools.report_charts.style`; matplotlib imported only when drawing).
@@ -58,11 +58,12 @@ def drill_figure(
     title: str,
 ) -> Any:
     """The drill's picture: both loss curves, each kill a numbered line, and below them a
-    strip where each kill is a marker of its phase with its label; kills at one step are
-    stacked, so none hides another. ``plt``: pyplot (from :func:`drill_style`)."""
+    strip where each kill, in the order it happened, has a row of its own: a marker of its
+    phase and its label, so kills at one step or at steps close together never hide each
+    other. ``plt``: pyplot (from :func:`drill_style`)."""
     at = [killpoints.parse(str(k["point"])).step for k in kills]
-    deepest = max((at.count(s) for s in at), default=1)  # the strip grows with the stack
-    strip_in = 0.9 + 0.32 * deepest
+    strip_in = 0.6 + 0.22 * max(len(kills), 1)  # the strip grows with the kills
+    last = max([*at, *reference, *drilled], default=1)
     fig, (ax, strip) = plt.subplots(
         2, 1, figsize=(11, 4.2 + strip_in), sharex=True, height_ratios=[4.2, strip_in]
     )
@@ -72,11 +73,12 @@ def drill_figure(
     ax.plot(xs, ys, label="drilled (killed and resumed)", lw=1, ls="--")
     for i, step in enumerate(resumes):
         ax.axvline(step, color="green", alpha=0.5, lw=1, ls=":", label="resume" if i == 0 else None)
-    slots: dict[int, int] = {}
+    slots: dict[int, int] = {}  # kills at one step, for the numbers over the curves
     for n, kill in enumerate(kills, 1):
         kind, words = phase_of(str(kill["point"]))
         step = killpoints.parse(str(kill["point"])).step
         slot = slots[step] = slots.get(step, -1) + 1
+        row = n - 1
         _, marker, colour = PHASES.get(kind, (kind, "o", "#455a64"))
         ax.axvline(step, color=colour, alpha=0.6, lw=1)
         ax.annotate(
@@ -88,19 +90,21 @@ def drill_figure(
             ha="center",
         )
         hollow = "none" if not kill.get("reached") else colour
-        strip.plot([step], [slot], marker=marker, ms=9, color=colour, mfc=hollow, ls="none")
+        strip.plot([step], [row], marker=marker, ms=8, color=colour, mfc=hollow, ls="none")
         missed = "" if kill.get("reached") else " (never reached)"
+        right = step <= 0.6 * last  # the label on the side with room for it
         strip.annotate(
             f"#{n} {words}{missed}",
-            (step, slot),
-            xytext=(7, -3),
+            (step, row),
+            xytext=(7 if right else -7, -3),
             textcoords="offset points",
             fontsize=7.5,
             color=colour,
+            ha="left" if right else "right",
         )
-    strip.set_ylim(max(slots.values(), default=0) + 0.7, -0.7)
+    strip.set_ylim(len(kills) - 0.4, -0.6)
     strip.set_yticks([])
-    strip.set_ylabel("kills (stacked at one step)")
+    strip.set_ylabel("kills, in order")
     strip.set_xlabel("step")
     ax.set_title(title)
     ax.set_ylabel("training loss")

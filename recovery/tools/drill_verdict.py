@@ -187,7 +187,7 @@ def conclude(
 
 def plot(out: Path, ref: Path, victim: Path, report: Report) -> Path:
     """``out/drill.png``: both loss curves, each kill numbered and labelled with its phase
-    (kills at one step stacked, so none hides another), and the resumes
+    (each kill a row of its own below the curves, so none hides another), and the resumes
     (:func:`recovery.tools.drill_chart.drill_figure`, also the picture of ``drill.html``).
 
     Raises:

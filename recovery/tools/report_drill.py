@@ -1,7 +1,7 @@
 """``drill.html``: a drill's verdict on the report's page layout.
 
 The same picture as ``drill.png`` (:func:`recovery.tools.drill_chart.drill_figure`: each
-kill numbered and labelled with its phase, kills at one step stacked) as SVG, the kills in
+kill numbered and labelled with its phase, on a row of its own) as SVG, the kills in
 a table (point, phase, step, reached, exit status), the differences, and the drilled
 run's resumes with their health verdicts (:func:`recovery.tools.report_tables.resumes_table`).
 Everything comes from the drill's :class:`~recovery.tools.drill_verdict.Report` and the two

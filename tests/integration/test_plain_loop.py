@@ -95,18 +95,23 @@ def test_killed_and_rerun_it_trains_the_uninterrupted_run_bit_for_bit(
 
 @pytest.mark.parametrize("drop", [None, "sampler"], ids=["passes", "drop-data-position"])
 def test_recovery_drill_of_the_example(tmp_path: Path, drop: str | None) -> None:
-    # the command: kills in every commit phase and a retirement; dropping the data
-    # position from the restore (the drill's failure switch) is a difference, exit 23
+    # the command: a kill in every commit phase; dropping the data position from the
+    # restore (the drill's failure switch) is a difference, exit 23
     import json
 
     env = {k: v for k, v in os.environ.items() if k not in (KEY_ENV, "RECOVERY_DRILL_DROP")}
     if drop:
         env["RECOVERY_DRILL_DROP"] = drop
     out = tmp_path / "drill"
-    cmd = [str(Path(sys.executable).parent / "recovery"), "drill", "--kills", "4", "--seed", "0"]
+    cmd = [str(Path(sys.executable).parent / "recovery"), "drill", "--kills", "3", "--seed", "0"]
     cmd += ["--out", str(out), "--", sys.executable, str(SCRIPT), "--run-dir", "{run_dir}"]
     proc = subprocess.run(
-        [*cmd, "--workers", "1"], env=env, cwd=tmp_path, capture_output=True, text=True, timeout=600
+        [*cmd, "--workers", "1", "--steps", "30"],
+        env=env,
+        cwd=tmp_path,
+        capture_output=True,
+        text=True,
+        timeout=600,
     )
     report = json.loads((out / "drill.json").read_text())
     points = [k["point"] for k in report["kills"]]
