@@ -25,7 +25,7 @@ from recovery.integrity.trust import KEY_ENV
 from tests.integration.conftest import run_killed_at
 
 pytestmark = pytest.mark.integration
-pytest.importorskip("matplotlib")
+import matplotlib  # noqa: E402,F401  (make test installs the plot extra: a missing one fails)
 
 ROOT = Path(__file__).resolve().parents[2]
 LOOP = ROOT / "tests" / "fixtures" / "own_loop.py"

@@ -11,6 +11,7 @@ import re
 from html import unescape
 from pathlib import Path
 
+import matplotlib  # noqa: F401  (make test installs the plot extra: a missing one fails)
 import pytest
 
 from recovery import cli
@@ -23,8 +24,6 @@ from recovery.tools.report_cost import cost
 from recovery.tools.report_run import COMPLETED, ENDED, PREEMPTED, story
 from tests.conftest import resign, tiny_state, train_steps
 from tests.unit.test_layers import BLOCK, python
-
-pytest.importorskip("matplotlib")  # the report is the `plot` extra's (its refusal: below)
 
 
 def _run(root: Path, name: str, steps: int, keys: dict, *, resume=None, init_from=None,
@@ -310,7 +309,8 @@ def test_audit_format_dot_is_the_same_graph_for_graphviz(tmp_path, keys, signer,
     dot = capsys.readouterr().out
     assert code == 0 and dot.startswith("digraph lineage {") and dot.rstrip().endswith("}")
     assert '[label="resume"]' in dot and '[label="start"]' in dot
-    pydot = pytest.importorskip("pydot")  # a real DOT parser, where installed
+    import pydot  # a real DOT parser (installed with dvc, part of make test's extras)
+
     (parsed,) = pydot.graph_from_dot_data(dot)
     assert len(parsed.get_edges()) == 3  # start -> 8 (pruned) -resume-> 12 -> 16
     assert cli.main(["audit", str(head), "--format", "dot", "--json"]) == 2
@@ -331,7 +331,8 @@ def test_a_failed_link_is_red_in_dot_and_names_are_escaped(tmp_path, keys, signe
     assert code == 8
     assert 'color="#c62828", fontcolor="#c62828"' in dot  # the edge into the damaged link
     assert 'step-8\\" -> evil [label=\\"x' in dot  # inside its quoted label
-    pydot = pytest.importorskip("pydot")
+    import pydot
+
     (parsed,) = pydot.graph_from_dot_data(dot)
     assert [(e.get_source(), e.get_destination()) for e in parsed.get_edges()] == [
         ("n1", "n0"),
