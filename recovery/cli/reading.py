@@ -64,7 +64,9 @@ def cmd_inspect(args: argparse.Namespace) -> int:
         "run_id": rec.get("run_id"),
         "components": loaded.components,
         "absent": rec.get("absent") or {},
-        "files": [{"name": r.name, "size": r.size, "sha256": r.sha256} for r in mf.files],
+        "hash_type": mf.hash_type,
+        # each file's digest under its algorithm's name: "sha256" (the default) or "blake3"
+        "files": [{"name": r.name, "size": r.size, mf.hash_type: r.digest} for r in mf.files],
         "sha256": mf.root,
         "parameters_sha256": parameters_digest(model) if isinstance(model, dict) else None,
         "metrics": decoded.meta.get("metrics", {}),
@@ -90,8 +92,8 @@ def cmd_inspect(args: argparse.Namespace) -> int:
         + (" (dirty)" if code.get("dirty") else ""),
         f"dataset     {(prov.get('dataset') or {}).get('version')}",
         f"sha256      {mf.root}",
-        "files:",
-        *(f"  {r.name:<24} {r.size:>12}  {r.sha256}" for r in mf.files),
+        f"files:      ({mf.hash_type})",
+        *(f"  {r.name:<24} {r.size:>12}  {r.digest}" for r in mf.files),
     ]
     emit(args, data, "\n".join(lines))
     return 0

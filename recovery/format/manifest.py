@@ -1,9 +1,10 @@
 """The manifest: one statement of what a committed directory holds.
 
 The statement is an in-toto Statement v1 whose predicate follows the OpenSSF
-model-signing v1.0 layout (``serialization`` + ``resources`` with one sha256
-per file, and the subject digest = sha256 over the concatenated raw file
-digests in listed order). Our own fields ride in one extra predicate field,
+model-signing v1.0 layout (``serialization`` + ``resources`` with one digest
+per file, by the ``hash_type`` it names: sha256 by default, or blake3; and
+the subject digest = sha256 over the concatenated raw file digests in listed
+order, whatever the files' hash). Our own fields ride in one extra predicate field,
 ``recovery``: format version, step, purpose, run id, file sizes, metrics and,
 later, provenance. Verifiers of that format ignore unknown fields.
 
@@ -21,7 +22,7 @@ from pathlib import Path, PurePosixPath
 from typing import Any
 
 from recovery.errors import ManifestError, UnsafePathError
-from recovery.format import bounded
+from recovery.format import bounded, digests
 from recovery.format.layout import SIGNATURE_FILE
 
 STATEMENT_TYPE = "https://in-toto.io/Statement/v1"
@@ -43,10 +44,10 @@ class SignatureCheck:
 
 @dataclass(frozen=True)
 class FileRecord:
-    """One committed file: relative posix name, sha256 hex digest, size in bytes."""
+    """One committed file: relative posix name, hex digest (by the manifest's hash), size."""
 
     name: str
-    sha256: str
+    digest: str
     size: int
 
 
@@ -59,6 +60,8 @@ class Manifest:
     files: list[FileRecord]
     recovery: dict[str, Any] = field(default_factory=dict)
     signer: SignatureCheck | None = None
+    hash_type: str = digests.SHA256
+    """The algorithm of every file's digest (:data:`recovery.format.digests.ALGORITHMS`)."""
 
     @property
     def step(self) -> int:
@@ -73,7 +76,7 @@ def root_digest(files: list[FileRecord]) -> str:
     """sha256 over the concatenated raw digests, in listed order."""
     h = hashlib.sha256()
     for rec in files:
-        h.update(bytes.fromhex(rec.sha256))
+        h.update(bytes.fromhex(rec.digest))
     return h.hexdigest()
 
 
@@ -100,8 +103,15 @@ def check_relpath(name: str, *, where: Path) -> None:
         )
 
 
-def build(subject: str, files: list[FileRecord], recovery: dict[str, Any]) -> dict[str, Any]:
-    """Build the statement for a directory named ``subject`` holding ``files``."""
+def build(
+    subject: str,
+    files: list[FileRecord],
+    recovery: dict[str, Any],
+    *,
+    hash_type: str = digests.SHA256,
+) -> dict[str, Any]:
+    """Build the statement for a directory named ``subject`` holding ``files`` (hashed
+    with ``hash_type``)."""
     ordered = sorted(files, key=lambda r: r.name)
     extra = dict(recovery)
     extra["format"] = FORMAT_VERSION
@@ -113,12 +123,12 @@ def build(subject: str, files: list[FileRecord], recovery: dict[str, Any]) -> di
         "predicate": {
             "serialization": {
                 "method": "files",
-                "hash_type": "sha256",
+                "hash_type": hash_type,
                 "allow_symlinks": False,
                 "ignore_paths": [SIGNATURE_FILE],
             },
             "resources": [
-                {"name": r.name, "algorithm": "sha256", "digest": r.sha256} for r in ordered
+                {"name": r.name, "algorithm": hash_type, "digest": r.digest} for r in ordered
             ],
             "recovery": extra,
         },
@@ -158,10 +168,19 @@ def parse(data: bytes, *, where: Path, signer: SignatureCheck | None = None) -> 
         pred = st["predicate"]
         extra = pred.get("recovery", {})
         sizes = extra.get("sizes", {})
+        hash_type = pred["serialization"]["hash_type"]
+        if hash_type not in digests.ALGORITHMS:
+            raise bad(
+                f"serialization hash_type {hash_type!r}, expected one of "
+                f"{', '.join(digests.ALGORITHMS)}"
+            )
         files = []
         for res in pred["resources"]:
-            if res["algorithm"] != "sha256":
-                raise bad(f"resource {res['name']!r} uses {res['algorithm']!r}, expected sha256")
+            if res["algorithm"] != hash_type:
+                raise bad(
+                    f"resource {res['name']!r} uses {res['algorithm']!r}, expected the "
+                    f"serialization's {hash_type}"
+                )
             size = sizes.get(res["name"])
             files.append(
                 FileRecord(
@@ -178,4 +197,11 @@ def parse(data: bytes, *, where: Path, signer: SignatureCheck | None = None) -> 
         raise bad("a resource is listed twice")
     if root_digest(files) != root:
         raise bad(f"subject digest {root} does not match the listed file digests")
-    return Manifest(subject=name, root=root, files=files, recovery=dict(extra), signer=signer)
+    return Manifest(
+        subject=name,
+        root=root,
+        files=files,
+        recovery=dict(extra),
+        signer=signer,
+        hash_type=str(hash_type),
+    )

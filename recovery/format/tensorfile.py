@@ -27,7 +27,6 @@ safetensors file whose metadata does not name its framework.
 
 from __future__ import annotations
 
-import hashlib
 import json
 import os
 import queue
@@ -40,7 +39,7 @@ import torch
 
 from recovery import faults
 from recovery.errors import FormatError
-from recovery.format import bounded
+from recovery.format import bounded, digests
 from recovery.format.manifest import FileRecord
 
 CHUNK = 8 << 20
@@ -194,9 +193,19 @@ def views(
     return dict(sorted(out.items()))
 
 
-def hash_file(path: Path, *, progress: Callable[[int], None] | None = None) -> tuple[str, int]:
-    """The sha256 and size of a file already on disk (a symlink is refused, not followed)."""
-    digest = hashlib.sha256()
+def workers(count: int) -> int:
+    """Threads to read or write ``count`` files at once: one per core, at most ``count``."""
+    return max(1, min(count, os.cpu_count() or 1))
+
+
+def hash_file(
+    path: Path,
+    *,
+    algorithm: str = digests.SHA256,
+    progress: Callable[[int], None] | None = None,
+) -> tuple[str, int]:
+    """The digest and size of a file already on disk (a symlink is refused, not followed)."""
+    digest = digests.new(algorithm)
     size = 0
     with os.fdopen(os.open(path, os.O_RDONLY | os.O_NOFOLLOW), "rb") as fh:
         while chunk := fh.read(CHUNK):
@@ -208,21 +217,26 @@ def hash_file(path: Path, *, progress: Callable[[int], None] | None = None) -> t
 
 
 def read_hashed(
-    path: Path, *, size: int, progress: Callable[[int], None] | None = None
+    path: Path,
+    *,
+    size: int,
+    algorithm: str = digests.SHA256,
+    progress: Callable[[int], None] | None = None,
 ) -> tuple[torch.Tensor, str]:
     """Read a whole file into one new uint8 tensor, hashing it while it arrives.
 
     Args:
         path: an existing regular file (opened without following symlinks).
         size: the number of bytes expected (already checked against the file's size).
+        algorithm: the hash (:data:`recovery.format.digests.ALGORITHMS`).
 
     Returns:
-        ``(buffer, sha256 hex)``.
+        ``(buffer, hex digest)``.
     """
+    h = digests.new(algorithm)
     buffer = torch.empty(size, dtype=torch.uint8)
     array: Any = buffer.numpy()
     mem = memoryview(array).cast("B")
-    h = hashlib.sha256()
     todo: queue.SimpleQueue[memoryview | None] = queue.SimpleQueue()
 
     def hasher() -> None:
@@ -257,6 +271,7 @@ def write_stream(
     *,
     fault_point: str | None = None,
     progress: Callable[[int], None] | None = None,
+    algorithm: str = digests.SHA256,
 ) -> FileRecord:
     """Create ``path`` from ``parts``, hashing in a helper thread while writing; fsync it.
 
@@ -265,8 +280,9 @@ def write_stream(
         parts: the file's bytes in order; each part must stay unchanged until written.
         fault_point: a :mod:`recovery.faults` point reached after the first half of the parts.
         progress: called with the number of bytes after each part.
+        algorithm: the hash (:data:`recovery.format.digests.ALGORITHMS`).
     """
-    h = hashlib.sha256()
+    h = digests.new(algorithm)
     # Unbounded: the parts are views of memory that exists anyway, so queueing costs
     # nothing, and the writer never waits for the hasher (measured: a bounded queue
     # serialised the two and cost a third more time per GiB).

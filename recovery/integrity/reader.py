@@ -2,8 +2,9 @@
 
 Nothing is deserialised here: :func:`read_verified` checks each listed file's
 size, reads it once into memory (tensor files into one buffer each, hashed
-while they arrive), checks its sha256 against the manifest, and returns those
-bytes. Decoders then parse the same bytes, so there is no window between
+while they arrive; the files at once, one per core), checks its digest
+against the manifest (sha256, or the blake3 the manifest names), and returns
+those bytes. Decoders then parse the same bytes, so there is no window between
 "checked" and "used" in which the file could change.
 
 Checks, each with its own error, in this order: ``model.sig`` present; its
@@ -15,10 +16,11 @@ listed file missing; no unlisted file present; each file's size, then digest.
 
 from __future__ import annotations
 
-import hashlib
 import os
 import stat
+import threading
 from collections.abc import Callable, Iterator
+from concurrent.futures import ThreadPoolExecutor
 from contextlib import contextmanager
 from dataclasses import dataclass
 from pathlib import Path, PurePosixPath
@@ -37,7 +39,7 @@ from recovery.errors import (
     UnreadableFileError,
     UnsafePathError,
 )
-from recovery.format import manifest, tensorfile
+from recovery.format import digests, manifest, tensorfile
 from recovery.format.layout import (
     METRICS_FILE,
     SIGNATURE_FILE,
@@ -272,18 +274,32 @@ def _read_verified(path: Path, trust: TrustStore, *, allow_untrusted: bool) -> V
             "another checkpoint.",
             path=path / extra[0],
         )
-    blobs: dict[str, bytes | torch.Tensor] = {}
-    with bytes_bar(sum(max(r.size, 0) for r in mf.files), f"verifying {path.name}") as progress:
-        for rec in mf.files:
-            blobs[rec.name] = _read_one(path, rec, progress)
+    sizes = {rec.name: _size(path, rec) for rec in mf.files}
+    lock = threading.Lock()
+    with bytes_bar(sum(sizes.values()), f"verifying {path.name}") as bar:
+
+        def progress(n: int) -> None:
+            with lock:
+                bar(n)
+
+        def one(rec: FileRecord) -> bytes | torch.Tensor:
+            return _read_one(path, rec, sizes[rec.name], mf.hash_type, progress)
+
+        # largest first, so the last file to finish is a small one; results by name
+        order = sorted(mf.files, key=lambda r: -sizes[r.name])
+        threads = tensorfile.workers(len(order))
+        with ThreadPoolExecutor(threads, thread_name_prefix="recovery-read") as pool:
+            futures = {rec.name: pool.submit(one, rec) for rec in order}
+    # every read has finished; the first failure in listed order is the one reported
+    blobs = {rec.name: futures[rec.name].result() for rec in mf.files}
     return Verified(path=path, manifest=mf, files=blobs)
 
 
-def _read_one(path: Path, rec: FileRecord, progress: Callable[[int], None]) -> bytes | torch.Tensor:
-    """One listed file's verified content.
+def _size(path: Path, rec: FileRecord) -> int:
+    """A listed file's size on disk, which must be the recorded one.
 
     Raises:
-        TruncatedFileError, DigestMismatchError.
+        TruncatedFileError.
     """
     file = path / rec.name
     found = os.lstat(file).st_size
@@ -293,16 +309,30 @@ def _read_one(path: Path, rec: FileRecord, progress: Callable[[int], None]) -> b
             "truncated or rewritten. Resume from another checkpoint.",
             path=file,
         )
+    return found
+
+
+def _read_one(
+    path: Path, rec: FileRecord, size: int, algorithm: str, progress: Callable[[int], None]
+) -> bytes | torch.Tensor:
+    """One listed file's verified content (``size`` bytes, hashed with ``algorithm``).
+
+    Raises:
+        DigestMismatchError, FormatError (blake3 without its package).
+    """
+    file = path / rec.name
     data: bytes | torch.Tensor
     if rec.name.endswith(TENSOR_SUFFIX):
-        data, digest = tensorfile.read_hashed(file, size=found, progress=progress)
+        data, digest = tensorfile.read_hashed(
+            file, size=size, algorithm=algorithm, progress=progress
+        )
     else:
         data = _read_nofollow(file)
-        digest = hashlib.sha256(data).hexdigest()
+        digest = digests.of(data, algorithm)
         progress(len(data))
-    if digest != rec.sha256:
+    if digest != rec.digest:
         raise DigestMismatchError(
-            f"{file}: expected sha256 {rec.sha256}, found {digest}; "
+            f"{file}: expected {algorithm} {rec.digest}, found {digest}; "
             "the bytes changed after the commit. Resume from another checkpoint.",
             path=file,
         )

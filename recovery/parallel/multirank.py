@@ -110,7 +110,7 @@ def write_parts(
     except OSError as err:
         failure = err
     _agree(failure, "hash its shards", tmp=tmp, world=world, final=final, step=step)
-    gathered = distributed.gather_text(json.dumps([[r.name, r.sha256, r.size] for r in records]))
+    gathered = distributed.gather_text(json.dumps([[r.name, r.digest, r.size] for r in records]))
     every = [
         FileRecord(str(n), str(h), int(s)) for text in gathered for n, h, s in json.loads(text)
     ]
@@ -256,10 +256,17 @@ def load_state(
     return {"from": saved_size, "to": world.size, "rng": "reseeded from (seed, step, rank)"}
 
 
-def check_supported(world: World, *, async_save: bool, warm_start_every: int) -> None:
+def check_supported(
+    world: World, *, async_save: bool, warm_start_every: int, hash_type: str = "sha256"
+) -> None:
     """Refuse the options the distributed protocol does not implement yet, by name."""
     if not world.distributed:
         return
+    if hash_type != "sha256":
+        raise ConfigError(
+            f"checkpoint.hash={hash_type} is not supported under torchrun yet (each rank "
+            "hashes its DCP shards with sha256); set checkpoint.hash=sha256"
+        )
     if async_save:
         raise ConfigError(
             "checkpoint.async=true is not supported under torchrun yet; "

@@ -97,7 +97,7 @@ def write_rank(directory: Path, rank: int, tree: dict[str, Any]) -> list[FileRec
     meta_name, tensor_name = rank_names(rank)
     (directory / RANK_DIR).mkdir(exist_ok=True)
     return [
-        FileRecord(name, rec.sha256, rec.size)  # hashed while written; named from the root
+        FileRecord(name, rec.digest, rec.size)  # hashed while written; named from the root
         for name, rec in (
             (tensor_name, commit.write_entry(directory / tensor_name, tensors)),
             (meta_name, commit.write_entry(directory / meta_name, codec.dumps_json(skeleton))),

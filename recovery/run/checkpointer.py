@@ -107,7 +107,10 @@ class Checkpointer(Ending):
         strategy: str = "ddp",
     ) -> None:
         multirank.check_supported(
-            world, async_save=cfg.async_save, warm_start_every=cfg.warm_start_every
+            world,
+            async_save=cfg.async_save,
+            warm_start_every=cfg.warm_start_every,
+            hash_type=cfg.hash,
         )
         self.world = world
         self.seed = seed
@@ -277,6 +280,8 @@ class Checkpointer(Ending):
             expect=expect,
             chained=chained,
             absent=absent,
+            shard_bytes=self.cfg.shard_bytes,
+            hash_type=self.cfg.hash,
         )
 
     def _preempt(self, state: TrainState, step: int, metrics: dict[str, Any] | None) -> None:

@@ -19,7 +19,7 @@ from typing import Any
 
 import torch
 
-from recovery.format import codec
+from recovery.format import codec, digests
 from recovery.format.manifest import FileRecord, Manifest
 from recovery.integrity import commit
 from recovery.integrity.signing import Signer
@@ -51,6 +51,8 @@ class SaveJob:
             run's previous link, is retained and costed (a warm-start copy is not).
         absent: what the state declares it does not have (name -> reason), accepted
             by the contract instead of those components and signed in the statement.
+        shard_bytes: components past this many tensor bytes go to shards (0: never).
+        hash_type: every file's digest algorithm.
     """
 
     final: Path
@@ -62,6 +64,8 @@ class SaveJob:
     config_yaml: str = field(repr=False)
     chained: bool = True
     absent: dict[str, str] = field(default_factory=dict)
+    shard_bytes: int = 0
+    hash_type: str = digests.SHA256
 
     def write(
         self,
@@ -86,7 +90,12 @@ class SaveJob:
         """
         meta = {**self.meta, **(extra_meta or {})}
         files = snapshot.encode_split(
-            skeletons, tensors, step=self.step, meta=meta, config_yaml=self.config_yaml
+            skeletons,
+            tensors,
+            step=self.step,
+            meta=meta,
+            config_yaml=self.config_yaml,
+            shard_bytes=self.shard_bytes,
         )
         have = snapshot.present(skeletons, meta, files, self.statement)
         purpose.check_contract(
@@ -99,6 +108,7 @@ class SaveJob:
             signer=signer,
             tmp=tmp,
             adopt=adopt,
+            hash_type=self.hash_type,
         )
 
 
@@ -128,6 +138,8 @@ def build(
     expect: dict[str, Any] | None = None,
     chained: bool = True,
     absent: dict[str, str] | None = None,
+    shard_bytes: int = 0,
+    hash_type: str = digests.SHA256,
 ) -> SaveJob:
     """The save of ``step`` as of now: the statement carries the run's links at this step.
 
@@ -139,6 +151,7 @@ def build(
         interval: the cadence's description (how the interval was chosen).
         expect: what a resume must find (the continuation contract's checks).
         absent: the state's declared absences (recorded as the statement's ``absent``).
+        shard_bytes, hash_type: how its files are laid out and hashed (see :class:`SaveJob`).
     """
     meta: dict[str, Any] = {"run_id": identity.run_id, "metrics": dict(metrics or {})}
     if carried.model_config is not None:
@@ -176,4 +189,6 @@ def build(
         config_yaml=carried.config_yaml,
         chained=chained,
         absent=dict(absent or {}),
+        shard_bytes=shard_bytes,
+        hash_type=hash_type,
     )

@@ -1,7 +1,9 @@
 """A state tree <-> the files of one checkpoint directory.
 
 Each component's tensors go to ``<component>.safetensors`` (so the model's
-weights are a plain safetensors file any tool can read); every component's
+weights are a plain safetensors file any tool can read), or, past the shard
+size, to Hugging Face-style shards and their index (:mod:`recovery.format.shards`);
+every component's
 non-tensor skeleton, the step and the metrics go to ``state.json``; the
 resolved config, when given, to ``config.yaml``.
 """
@@ -14,7 +16,7 @@ from typing import Any
 import torch
 
 from recovery.errors import FormatError
-from recovery.format import codec, tensorfile
+from recovery.format import codec, shards, tensorfile
 from recovery.format.layout import (
     CONFIG_FILE,
     DISTRIBUTED,
@@ -38,14 +40,21 @@ class Decoded:
 
 
 def encode(
-    tree: dict[str, Any], *, step: int, meta: dict[str, Any], config_yaml: str | None = None
+    tree: dict[str, Any],
+    *,
+    step: int,
+    meta: dict[str, Any],
+    config_yaml: str | None = None,
+    shard_bytes: int = 0,
 ) -> dict[str, bytes | dict[str, torch.Tensor]]:
     """Lay a state tree out as files (see :func:`encode_split`), without copying tensors."""
     skeletons: dict[str, Any] = {}
     tensors: dict[str, dict[str, torch.Tensor]] = {}
     for name, state in tree.items():
         skeletons[name], tensors[name] = codec.split(state)
-    return encode_split(skeletons, tensors, step=step, meta=meta, config_yaml=config_yaml)
+    return encode_split(
+        skeletons, tensors, step=step, meta=meta, config_yaml=config_yaml, shard_bytes=shard_bytes
+    )
 
 
 def encode_split(
@@ -55,6 +64,7 @@ def encode_split(
     step: int,
     meta: dict[str, Any],
     config_yaml: str | None = None,
+    shard_bytes: int = 0,
 ) -> dict[str, bytes | dict[str, torch.Tensor]]:
     """Lay out already-split components as files: tensor files first (tensor mappings,
     streamed by the committer), then ``state.json`` and ``config.yaml``.
@@ -65,11 +75,13 @@ def encode_split(
         step: the global step this state is at.
         meta: JSON-able extra fields for ``state.json`` (run id, metrics, ...).
         config_yaml: the resolved config text, if any.
+        shard_bytes: a component with more tensor bytes than this is written as shards
+            and an index; 0 writes one file per component.
     """
     files: dict[str, bytes | dict[str, torch.Tensor]] = {}
     for name, ts in tensors.items():
         if ts:
-            files[tensor_file(name)] = ts
+            files.update(shards.files(name, ts, shard_bytes))
     doc = {"format": STATE_FORMAT, "step": step, "components": skeletons, **meta}
     files[STATE_FILE] = codec.dumps_json(doc)
     if config_yaml is not None:
@@ -101,18 +113,52 @@ def decode(verified: Verified) -> Decoded:
     tree: dict[str, Any] = {}
     for name, skeleton in doc["components"].items():
         fname = tensor_file(name)
-        blob = verified.files.get(fname)
-        tensors = (
-            tensorfile.views(blob, name=str(where / fname))
-            if isinstance(blob, torch.Tensor)
-            else {}
-        )
+        tensors = _tensors(verified, name)
         try:
             tree[name] = codec.join(skeleton, tensors)
         except FormatError as err:
             raise FormatError(f"{where / fname}: {err}", path=where / fname) from err
     meta = {k: v for k, v in doc.items() if k not in ("format", "step", "components")}
     return Decoded(tree=tree, step=int(doc["step"]), meta=meta)
+
+
+def _tensors(verified: Verified, component: str) -> dict[str, torch.Tensor]:
+    """A component's tensors, zero-copy over the verified bytes: its one file, or its
+    shards as its index lists them (every tensor in the shard the index names).
+
+    Raises:
+        FormatError: a malformed index, a shard it names missing, or a shard holding
+            other tensors than the index says.
+    """
+    where = verified.path
+    fname = tensor_file(component)
+    blob = verified.files.get(fname)
+    if isinstance(blob, torch.Tensor):
+        return tensorfile.views(blob, name=str(where / fname))
+    index = verified.files.get(shards.index_name(component))
+    if index is None:
+        return {}
+    iname = str(where / shards.index_name(component))
+    raw = index if isinstance(index, bytes) else bytes(index.numpy())
+    out: dict[str, torch.Tensor] = {}
+    for shard, keys in shards.shard_names(component, raw, where=iname).items():
+        data = verified.files.get(shard)
+        if not isinstance(data, torch.Tensor):
+            raise FormatError(
+                f"{iname}: names shard {shard}, which the checkpoint does not hold; "
+                "resume from another checkpoint",
+                path=where / shard,
+            )
+        got = tensorfile.views(data, name=str(where / shard))
+        if sorted(got) != sorted(keys):
+            raise FormatError(
+                f"{where / shard}: holds {len(got)} tensors, its index lists {len(keys)} "
+                f"(first difference: {sorted(set(got) ^ set(keys))[0]!r}); the shards and "
+                "their index disagree",
+                path=where / shard,
+            )
+        out.update(got)
+    return dict(sorted(out.items()))
 
 
 MODEL_CONFIG = "model_config"

@@ -172,7 +172,7 @@ def import_weights(
         "layout": source.layout,
         "source": str(src.resolve()),
         "sha256": root_digest(source.files),
-        "files": [{"name": r.name, "sha256": r.sha256, "size": r.size} for r in source.files],
+        "files": [{"name": r.name, "sha256": r.digest, "size": r.size} for r in source.files],
         "key": source.key,
         "strip_prefix": strip_prefix,
         "dropped": dropped[:MAX_DROPPED_LISTED],

@@ -57,7 +57,7 @@ def test_files_are_fsynced_and_hash_matches(tmp_path, signer, trust):
     rec = commit.write_file(tmp_path / "f", b"x" * (commit.CHUNK * 2 + 3))
     import hashlib
 
-    assert rec.sha256 == hashlib.sha256(b"x" * (commit.CHUNK * 2 + 3)).hexdigest()
+    assert rec.digest == hashlib.sha256(b"x" * (commit.CHUNK * 2 + 3)).hexdigest()
     assert rec.size == os.path.getsize(tmp_path / "f")
 
 

@@ -115,7 +115,7 @@ def test_rank_files_round_trip_and_a_missing_rank_is_named(tmp_path):
     records = sharded.write_rank(tmp_path, 1, tree)
     assert [r.name for r in records] == ["ranks/rank-00001.safetensors", "ranks/rank-00001.json"]
     assert (
-        records[1].sha256 == hashlib.sha256((tmp_path / records[1].name).read_bytes()).hexdigest()
+        records[1].digest == hashlib.sha256((tmp_path / records[1].name).read_bytes()).hexdigest()
     )
     files = {
         "ranks/rank-00001.json": (tmp_path / "ranks/rank-00001.json").read_bytes(),

@@ -32,7 +32,7 @@ def test_official_reader_gets_every_tensor_back(tmp_path):
     rec = tensorfile.write_stream(tmp_path / "t.safetensors", tensorfile.chunks(src))
     data = (tmp_path / "t.safetensors").read_bytes()
     assert rec.size == len(data) == tensorfile.size_of(src)
-    assert rec.sha256 == hashlib.sha256(data).hexdigest()
+    assert rec.digest == hashlib.sha256(data).hexdigest()
     back = safetensors.torch.load(data)
     assert back.keys() == src.keys()
     for k, v in src.items():
@@ -84,7 +84,7 @@ def test_read_hashed(tmp_path):
     src = tensors()
     rec = tensorfile.write_stream(tmp_path / "t", tensorfile.chunks(src))
     buf, digest = tensorfile.read_hashed(tmp_path / "t", size=rec.size)
-    assert digest == rec.sha256
+    assert digest == rec.digest
     assert torch.equal(tensorfile.views(buf, name="t")["w"], src["w"])
 
 
