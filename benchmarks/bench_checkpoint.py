@@ -1,6 +1,7 @@
 """Checkpoint save/load speed against what people use today, measured in one process.
 
     python benchmarks/bench_checkpoint.py [--size-gb 1.0] [--runs 5] [--dir DIR] [--json OUT]
+    python benchmarks/bench_checkpoint.py --scaling 0.25,1,4 [--runs 3] [--json OUT]
 
 State: a transformer-shaped fp32 model plus Adam's two moments (about 1 GiB at
 the default size, ~300 tensors). Every method saves the same tensors into the
@@ -11,7 +12,13 @@ memory that a resuming process never has), timed around the load call alone,
 with the file in the page cache for every method alike. Reported: the median
 of ``--runs`` runs in seconds, and each method's ratio to its floor (raw write
 + fsync for saves, the preallocated-buffer memcpy for the async pause,
-torch.load for loads).
+torch.load for loads). "ours" writes with the defaults a run gets
+(``checkpoint.shard_mb`` shards, sha256, every file of a save or a load on its
+own thread); "one file per component" is the same commit unsharded, and
+"blake3" the same with ``checkpoint.hash=blake3``.
+
+``--scaling`` times only ours (sync save, verified load) and the floors (raw
+write+fsync, torch.load) at each state size, as seconds per GiB.
 
 Extra peak memory of an async save is measured in a child process (its own
 peak RSS, reset just before the save), as a multiple of the state size.
@@ -36,8 +43,8 @@ from typing import Any
 
 import safetensors.torch
 import torch
-import torch.distributed.checkpoint as dcp
 
+from recovery.config import CheckpointConfig
 from recovery.integrity import commit
 from recovery.integrity.signing import Signer, TrustStore, generate_keypair
 from recovery.run import resume
@@ -160,6 +167,9 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--runs", type=int, default=5)
     ap.add_argument("--dir", default=None, help="where files are written (default: a temp dir)")
     ap.add_argument("--json", default=None, help="also write the results here")
+    ap.add_argument(
+        "--scaling", default=None, help="comma-separated GiB sizes: the scaling table only"
+    )
     ap.add_argument("--load-child", default=None, help=argparse.SUPPRESS)
     ap.add_argument("--peak-child", action="store_true", help=argparse.SUPPRESS)
     args = ap.parse_args(argv)
@@ -176,6 +186,14 @@ def main(argv: list[str] | None = None) -> int:
     signer = Signer(work / "key" / "recovery.key")
     trust = TrustStore()
     trust.add_pem(signer.public_pem, source="bench")
+    if args.scaling:
+        sizes = [float(x) for x in args.scaling.split(",")]
+        table = scaling(sizes, args.runs, work, signer)
+        if args.json:
+            Path(args.json).write_text(json.dumps({"scaling": table}, indent=1))
+        if not args.dir:
+            shutil.rmtree(work, ignore_errors=True)
+        return 0
 
     tree = make_state(args.size_gb)
     tensors = flat(tree)
@@ -216,6 +234,8 @@ def main(argv: list[str] | None = None) -> int:
         fsync_tree(path)
 
     def dcp_save() -> None:
+        import torch.distributed.checkpoint as dcp
+
         path = fresh() / "dcp"
         dcp.save(
             {"model": tree["model"], "optimizer": tensors_only(tree)},
@@ -225,9 +245,13 @@ def main(argv: list[str] | None = None) -> int:
         fsync_tree(path)
 
     def ours_sync() -> None:
-        run_dir = fresh()
-        files = snapshot.encode(tree, step=1, meta={"run_id": "bench"})
-        commit.commit(run_dir / "step-00000001", files, {"step": 1}, signer=signer)
+        ours_commit(fresh(), tree, signer)
+
+    def ours_unsharded() -> None:
+        ours_commit(fresh(), tree, signer, shard_bytes=0)
+
+    def ours_blake3() -> None:
+        ours_commit(fresh(), tree, signer, hash_type="blake3")
 
     def ours_pause() -> None:
         staging.stage(tree)
@@ -242,6 +266,8 @@ def main(argv: list[str] | None = None) -> int:
         "safetensors+fsync": st_save,
         "DCP save": dcp_save,
         "ours sync": ours_sync,
+        "ours sync, one file per component": ours_unsharded,
+        "ours sync, blake3": ours_blake3,
         "memcpy floor": memcpy,
         "ours async pause": ours_pause,
     }
@@ -250,6 +276,8 @@ def main(argv: list[str] | None = None) -> int:
         "safetensors load": (st_save, "safetensors"),
         "DCP load": (dcp_save, "dcp"),
         "ours load+verify": (ours_sync, "ours"),
+        "ours load+verify, one file per component": (ours_unsharded, "ours"),
+        "ours load+verify, blake3": (ours_blake3, "ours"),
     }
     times: dict[str, list[float]] = {k: [] for k in [*saves, *loads]}
     for run in range(args.runs):
@@ -274,11 +302,11 @@ def main(argv: list[str] | None = None) -> int:
         rows.append((name, med[name], med[name] / floors[floor], floor))
     for name in loads:
         rows.append((name, med[name], med[name] / floors["load"], "load"))
-    print(f"\n{'method':<20} {'median s':>9} {'ratio':>7}  vs")
+    print(f"\n{'method':<42} {'median s':>9} {'ratio':>7}  vs")
     for name, sec, ratio, floor in rows:
         vs = {"save": "raw write+fsync", "pause": "memcpy floor", "load": "torch.load"}[floor]
-        print(f"{name:<20} {sec:>9.3f} {ratio:>7.2f}  {vs}")
-    print(f"{'async extra peak':<20} {mem:>9.2f} x state size")
+        print(f"{name:<42} {sec:>9.3f} {ratio:>7.2f}  {vs}")
+    print(f"{'async extra peak':<42} {mem:>9.2f} x state size")
     result = {
         "machine": {
             "cpus": os.cpu_count(),
@@ -300,6 +328,77 @@ def main(argv: list[str] | None = None) -> int:
     return 0
 
 
+def ours_commit(
+    run_dir: Path,
+    tree: dict[str, Any],
+    signer: Signer,
+    *,
+    shard_bytes: int | None = None,
+    hash_type: str = "sha256",
+) -> None:
+    """Our sync save of ``tree`` into ``run_dir``: the default shard size unless given."""
+    shard = CheckpointConfig().shard_bytes if shard_bytes is None else shard_bytes
+    files = snapshot.encode(tree, step=1, meta={"run_id": "bench"}, shard_bytes=shard)
+    final = run_dir / "step-00000001"
+    commit.commit(final, files, {"step": 1}, signer=signer, hash_type=hash_type)
+
+
+def scaling(sizes: list[float], runs: int, work: Path, signer: Signer) -> dict[str, Any]:
+    """Seconds per GiB of ours and the floors at each state size (medians of ``runs``)."""
+    table = {f"{size_gb:g}": scale_one(size_gb, runs, work, signer) for size_gb in sizes}
+    shutil.rmtree(work / "out", ignore_errors=True)
+    return table
+
+
+def scale_one(size_gb: float, runs: int, work: Path, signer: Signer) -> dict[str, float]:
+    """One row of the scaling table."""
+    target = work / "out"
+    tree = make_state(size_gb)
+    tensors = flat(tree)
+    gib = nbytes(tensors) / 2**30
+
+    def fresh() -> Path:
+        shutil.rmtree(target, ignore_errors=True)
+        target.mkdir()
+        return target
+
+    def raw_write() -> None:
+        with open(fresh() / "raw.bin", "wb") as fh:
+            for t in tensors.values():
+                fh.write(memoryview(t.reshape(-1).view(torch.uint8).numpy()))
+            fh.flush()
+            os.fsync(fh.fileno())
+
+    def torch_save() -> None:
+        torch.save(tree, fresh() / "ckpt.pt")
+        fsync_tree(target / "ckpt.pt")
+
+    times: dict[str, list[float]] = {k: [] for k in ("raw", "ours sync", "torch", "ours")}
+    for _ in range(runs):
+        times["raw"].append(timed(raw_write))
+        times["ours sync"].append(timed(lambda: ours_commit(fresh(), tree, signer)))
+        times["ours"].append(load_in_child("ours", work, size_gb))
+        torch_save()
+        times["torch"].append(load_in_child("torch", work, size_gb))
+    med = {k: statistics.median(v) / gib for k, v in times.items()}
+    row = {
+        "gib": gib,
+        "raw write+fsync s/GiB": med["raw"],
+        "ours sync s/GiB": med["ours sync"],
+        "sync ratio": med["ours sync"] / med["raw"],
+        "torch.load s/GiB": med["torch"],
+        "ours load+verify s/GiB": med["ours"],
+        "load ratio": med["ours"] / med["torch"],
+    }
+    print(
+        f"{gib:7.2f} GiB  save {row['ours sync s/GiB']:.3f} s/GiB "
+        f"({row['sync ratio']:.2f}x raw)  load {row['ours load+verify s/GiB']:.3f} s/GiB "
+        f"({row['load ratio']:.2f}x torch.load)",
+        flush=True,
+    )
+    return row
+
+
 def load_in_child(kind: str, work: Path, size_gb: float) -> float:
     """Seconds one load takes in a fresh process (the load call alone is timed)."""
     return _child(["--load-child", kind], work, size_gb)
@@ -312,6 +411,8 @@ def child_load(kind: str, work: Path, size_gb: float) -> float:
     if kind == "safetensors":
         return timed(lambda: safetensors.torch.load_file(str(target / "ckpt.safetensors")))
     if kind == "dcp":
+        import torch.distributed.checkpoint as dcp
+
         into = make_state(size_gb, fill=False)  # DCP loads in place into preallocated tensors
         state = {"model": into["model"], "optimizer": tensors_only(into)}
         return timed(lambda: dcp.load(state, checkpoint_id=str(target / "dcp"), no_dist=True))

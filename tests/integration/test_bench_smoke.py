@@ -1,4 +1,4 @@
-"""The benchmark script still runs end to end (on a tiny state; speed is never asserted)."""
+"""The benchmark scripts still run end to end (on a tiny state; speed is never asserted)."""
 
 import json
 import subprocess
@@ -34,11 +34,36 @@ def test_benchmark_runs_and_reports_every_method(tmp_path):
         "safetensors+fsync",
         "DCP save",
         "ours sync",
+        "ours sync, one file per component",
+        "ours sync, blake3",
         "memcpy floor",
         "ours async pause",
         "torch.load",
         "safetensors load",
         "DCP load",
         "ours load+verify",
+        "ours load+verify, one file per component",
+        "ours load+verify, blake3",
     }
     assert 0.9 < result["async_extra_peak_x_state"] < 2.0
+
+
+def run(script: str, *args: str, tmp_path) -> dict:
+    out = tmp_path / f"{script}.json"
+    cmd = [sys.executable, str(ROOT / "benchmarks" / script), *args, "--json", str(out)]
+    done = subprocess.run(cmd, capture_output=True, text=True, timeout=300)
+    assert done.returncode == 0, done.stdout + done.stderr
+    return json.loads(out.read_text())
+
+
+def test_the_scaling_table_reports_seconds_per_gib_at_each_size(tmp_path):
+    table = run("bench_checkpoint.py", "--scaling", "0.005,0.01", "--runs", "1", tmp_path=tmp_path)
+    assert set(table["scaling"]) == {"0.005", "0.01"}
+    for row in table["scaling"].values():
+        assert row["ours sync s/GiB"] > 0 and row["load ratio"] > 0
+
+
+def test_time_to_first_resumed_step_is_measured_against_both_baselines(tmp_path):
+    result = run("bench_first_step.py", "--size-gb", "0.005", "--runs", "1", tmp_path=tmp_path)
+    assert set(result["median_s"]) == {"ours", "baseline", "by-hand"}
+    assert all(v > 0 for v in result["median_s"].values())
