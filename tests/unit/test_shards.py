@@ -249,3 +249,12 @@ def test_a_checkpoint_from_before_sharding_still_verifies_and_resumes_exactly(tm
     assert "model.safetensors.index.json" in names
     for step in (3, 5):
         reader.read_verified(run / step_dir_name(step), trust)
+
+
+def test_blake3_is_refused_under_torchrun_at_start_up():
+    from recovery.parallel import multirank
+    from recovery.parallel.world import World
+
+    two = World(rank=0, size=2, distributed=True)
+    with pytest.raises(recovery.ConfigError, match="checkpoint.hash=blake3 is not supported"):
+        multirank.check_supported(two, async_save=False, warm_start_every=0, hash_type="blake3")
