@@ -49,6 +49,7 @@ from recovery.format.layout import (
     trash_dir_for,
 )
 from recovery.format.manifest import FileRecord, Manifest
+from recovery.integrity.reaping import Reaper
 from recovery.integrity.signing import Signer
 from recovery.progress import bytes_bar
 
@@ -261,10 +262,11 @@ def remove_stale(run_dir: Path) -> list[Path]:
     return removed
 
 
-def discard(path: Path, *, fault_point: str | None = None) -> None:
+def discard(path: Path, *, fault_point: str | None = None, reaper: Reaper | None = None) -> None:
     """Delete a committed directory: rename it to a trash name (atomic: from then on no
-    reader takes it for a checkpoint), then remove the files; a kill in between leaves
-    only the trash directory, which :func:`remove_stale` finishes."""
+    reader takes it for a checkpoint), then remove the files, here or on ``reaper``'s
+    thread; a kill in between leaves only the trash directory, which
+    :func:`remove_stale` finishes."""
     if not path.exists():
         return
     trash = trash_dir_for(path)
@@ -272,4 +274,7 @@ def discard(path: Path, *, fault_point: str | None = None) -> None:
     fsync_dir(path.parent)
     if fault_point:
         faults.reach(fault_point)
-    shutil.rmtree(trash, ignore_errors=True)
+    if reaper is not None:
+        reaper.reap(trash)
+    else:
+        shutil.rmtree(trash, ignore_errors=True)

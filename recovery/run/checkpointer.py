@@ -28,6 +28,7 @@ from recovery.errors import Preempted, PurposeError
 from recovery.format.layout import step_dir_name
 from recovery.integrity import trust as keys
 from recovery.integrity.lock import RunLock
+from recovery.integrity.reaping import Reaper
 from recovery.integrity.signing import Signer, TrustStore
 from recovery.parallel import multirank
 from recovery.parallel import world as distributed
@@ -150,6 +151,7 @@ class Checkpointer(Ending):
             tracking.Publisher(repo, push=cfg.dvc.push, remote=cfg.dvc.remote) if repo else None
         )
         self._first_step = True
+        self._reaper = Reaper()
         self._lock: RunLock | None = None
         self._created = time.perf_counter()
         self.pause_s = 0.0

@@ -19,6 +19,7 @@ from typing import Self
 from recovery.config import parse_duration
 from recovery.errors import Preempted
 from recovery.format.manifest import Manifest
+from recovery.integrity.reaping import Reaper
 from recovery.provenance import lineage
 from recovery.run import retention
 from recovery.run.cadence import Cadence
@@ -38,6 +39,7 @@ class Ending(Restoring):
     cadence: Cadence
     pause_s: float
     _saver: Inline
+    _reaper: Reaper
     _created: float
     _closed: bool = False
 
@@ -53,6 +55,7 @@ class Ending(Restoring):
                 trust=self.trust,
                 allow_untrusted=self.allow_untrusted,
                 retire=self.publisher.retire if self.publisher is not None else None,
+                reaper=self._reaper,
             )
             self.cadence.measured(cost_s=cost.pause_s, persist_s=cost.write_s)
             if retired:  # so a later resume knows these are gone on purpose (run.history)
@@ -86,6 +89,7 @@ class Ending(Restoring):
         try:
             self.pause_s += self._saver.close()
         finally:
+            self._reaper.close()  # retired directories fully deleted before the run ends
             self._release()
             if self.publisher is not None:
                 self.publisher.close(parse_duration(self.cfg.dvc.close_timeout))

@@ -20,6 +20,7 @@ from recovery.errors import ConfigError, RecoveryError
 from recovery.format.layout import BEST_DIR, parse_step, scan, temp_dir_for
 from recovery.format.manifest import Manifest
 from recovery.integrity import commit, reader
+from recovery.integrity.reaping import Reaper
 from recovery.integrity.signing import TrustStore
 from recovery.run import policy
 
@@ -35,8 +36,10 @@ def after_commit(
     trust: TrustStore,
     allow_untrusted: bool,
     retire: Callable[[Path], None] | None,
+    reaper: Reaper | None = None,
 ) -> list[int]:
-    """What the settings ask once ``final`` is committed: the best copy, then retention.
+    """What the settings ask once ``final`` is committed: the best copy, then retention
+    (the deleted directories' files removed on ``reaper``'s thread, when given).
 
     Returns:
         The steps retention deleted (the run's journal records them).
@@ -50,9 +53,15 @@ def after_commit(
             mode=cfg.best_mode,
             trust=trust,
             allow_untrusted=allow_untrusted,
+            reaper=reaper,
         )
     doomed = retain(
-        run_dir, mf.step, keep_last=cfg.keep_last, keep_every=cfg.keep_every, retire=retire
+        run_dir,
+        mf.step,
+        keep_last=cfg.keep_last,
+        keep_every=cfg.keep_every,
+        retire=retire,
+        reaper=reaper,
     )
     return [s for s in (parse_step(p.name) for p in doomed) if s is not None]
 
@@ -99,18 +108,20 @@ def retain(
     keep_last: int,
     keep_every: int,
     retire: Callable[[Path], None] | None = None,
+    reaper: Reaper | None = None,
 ) -> list[Path]:
     """Delete the committed checkpoints the policy no longer keeps; return them.
 
     ``retire`` (the DVC publisher's) removes a checkpoint in order with its
-    registration; without it the directory is deleted at once.
+    registration; without it the directory is renamed away at once and its
+    files deleted here, or on ``reaper``'s thread.
     """
     paths = dict(scan(run_dir).committed)
     doomed = policy.to_delete(paths, newest=newest, keep_last=keep_last, keep_every=keep_every)
     for step in doomed:
         log.info("retention: removing %s", paths[step])
         if retire is None:
-            commit.discard(paths[step], fault_point=f"retire-{step}")
+            commit.discard(paths[step], fault_point=f"retire-{step}", reaper=reaper)
         else:
             retire(paths[step])
     return [paths[step] for step in doomed]
@@ -125,6 +136,7 @@ def keep_best(
     mode: str,
     trust: TrustStore,
     allow_untrusted: bool,
+    reaper: Reaper | None = None,
 ) -> bool:
     """Copy ``final`` to ``<run>/best/`` if its ``metric`` beats the kept best (atomically).
 
@@ -164,7 +176,7 @@ def keep_best(
     faults.reach(f"best-swap-{mf.step}")  # both committed, the old not yet removed
     for old in current:
         if old.name != final.name:
-            commit.discard(old)
+            commit.discard(old, reaper=reaper)
     commit.fsync_dir(best_dir)
     log.info("best checkpoint: %s (%s %s %.6g)", final.name, metric, mode, float(value))
     return True

@@ -1,4 +1,6 @@
 import os
+import shutil
+import threading
 
 import pytest
 
@@ -89,4 +91,23 @@ def test_discard_renames_before_deleting(tmp_path, signer, monkeypatch):
     commit.discard(final, fault_point="retire-2")
     (point, listing) = seen[0]
     assert point == "retire-2" and listing.committed == [] and len(listing.stale) == 1
+    assert list(tmp_path.iterdir()) == []
+
+
+def test_discard_on_a_reaper_renames_at_once_and_deletes_on_its_thread(tmp_path, monkeypatch):
+    from recovery.integrity.reaping import Reaper
+
+    victim = tmp_path / "step-00000001"
+    victim.mkdir()
+    (victim / "f").write_bytes(b"x" * 1000)
+    gate = threading.Event()
+    real = shutil.rmtree
+    monkeypatch.setattr(shutil, "rmtree", lambda p, **kw: (gate.wait(5), real(p, **kw)))
+    reaper = Reaper()
+    commit.discard(victim, reaper=reaper)
+    assert not victim.exists()  # renamed before discard returned: no reader takes it
+    [trash] = list(tmp_path.iterdir())
+    assert ".trash-" in trash.name and (trash / "f").exists()  # still being deleted
+    gate.set()
+    reaper.close()  # waits for every deletion handed over
     assert list(tmp_path.iterdir()) == []
