@@ -1,4 +1,4 @@
-"""DCP reads the verified bytes, never the disk.
+"""DCP reads the verified bytes, never the disk; and what DCP writes is hashed as written.
 
 ``torch.distributed.checkpoint`` unpickles ``dcp/.metadata`` and loads each
 shard record with ``torch.load`` when *it* decides to, from the paths its
@@ -10,18 +10,30 @@ reader whose file system is the dictionary of verified bytes that
 deserialises is a byte that was hashed, and a name that was not verified is
 refused instead of read. Rejected: re-hashing the files just before DCP opens
 them (a smaller window is still a window).
+
+:class:`HashingWriter` is DCP's own file-system writer whose streams hash
+every byte on its way to the file: each rank knows the sha256 of the shards
+it wrote without reading them back (which cost a third of a bare
+``dcp.save`` per save, measured).
 """
 
 from __future__ import annotations
 
+import hashlib
 import io
 import os
+import threading
 from collections.abc import Generator, Mapping
 from contextlib import contextmanager
 from pathlib import Path, PurePosixPath
 from typing import Any, NoReturn
 
-from torch.distributed.checkpoint.filesystem import FileSystemBase, FileSystemReader
+from torch.distributed.checkpoint.filesystem import (
+    FileSystem,
+    FileSystemBase,
+    FileSystemReader,
+    FileSystemWriter,
+)
 
 from recovery.errors import FormatError
 from recovery.format.layout import DCP_DIR
@@ -96,3 +108,91 @@ class VerifiedReader(FileSystemReader):
         # torch annotates FileSystem; any FileSystemBase serves, and one of our own (not a
         # FileSystem subclass) cannot inherit a method that reads the disk
         self.fs = _VerifiedFiles(files, where / DCP_DIR)  # type: ignore[assignment]
+
+
+class _HashingStream(io.RawIOBase):
+    """A file opened for writing that hashes (sha256) every byte written through it."""
+
+    def __init__(self, raw: Any) -> None:
+        super().__init__()
+        self._raw = raw
+        self.digest = hashlib.sha256()
+        self.size = 0
+
+    def writable(self) -> bool:
+        return True
+
+    def write(self, data: Any) -> int:
+        view = memoryview(data).cast("B")
+        written = self._raw.write(view)
+        self.digest.update(view[:written])
+        self.size += written
+        return int(written)
+
+    def tell(self) -> int:
+        return int(self._raw.tell())
+
+    def fileno(self) -> int:
+        return int(self._raw.fileno())
+
+    def flush(self) -> None:
+        if not self._raw.closed:
+            self._raw.flush()
+
+    def close(self) -> None:
+        if not self.closed:
+            self.flush()
+            self._raw.close()
+        super().close()
+
+
+class _HashingFiles(FileSystem):
+    """DCP's local file system, recording ``name -> (sha256, size)`` of each file it writes
+    (names relative to the DCP directory; a rename carries the record along)."""
+
+    def __init__(self, root: Path) -> None:
+        super().__init__()
+        self.root = root
+        self.records: dict[str, tuple[str, int]] = {}
+        self._lock = threading.Lock()
+
+    def _name(self, path: str | os.PathLike[str]) -> str:
+        return Path(path).relative_to(self.root).as_posix()
+
+    @contextmanager
+    def create_stream(
+        self, path: str | os.PathLike[str], mode: str
+    ) -> Generator[io.IOBase, None, None]:
+        if "w" not in mode:
+            with super().create_stream(path, mode) as stream:
+                yield stream
+            return
+        with Path(path).open(mode) as raw:
+            stream = _HashingStream(raw)
+            try:
+                yield stream
+            finally:
+                stream.close()
+        with self._lock:
+            self.records[self._name(path)] = (stream.digest.hexdigest(), stream.size)
+
+    def rename(self, path: str | os.PathLike[str], new_path: str | os.PathLike[str]) -> None:
+        super().rename(path, new_path)
+        with self._lock:
+            if (record := self.records.pop(self._name(path), None)) is not None:
+                self.records[self._name(new_path)] = record
+
+
+class HashingWriter(FileSystemWriter):
+    """DCP's file-system writer (``sync_files=True``) into ``directory``; after a save,
+    :attr:`records` holds the sha256 and size of every file this rank wrote there."""
+
+    def __init__(self, directory: Path) -> None:
+        super().__init__(directory, sync_files=True)
+        self._files = _HashingFiles(Path(directory))
+        self.fs = self._files  # type: ignore[assignment]
+
+    @property
+    def records(self) -> dict[str, tuple[str, int]]:
+        """File name (relative to the DCP directory) -> (sha256 hex, size)."""
+        return dict(self._files.records)

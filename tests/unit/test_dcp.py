@@ -120,3 +120,30 @@ def test_a_racing_writer_never_gets_its_payload_run(tmp_path, signer, trust):
         racer.wait()
     assert not marker.exists(), "a racing writer got its pickle run"
     assert refused > 0 and loaded > 0, (loaded, refused)  # both outcomes were exercised
+
+
+def test_the_hashing_writer_records_what_dcp_wrote_without_reading_it_back(tmp_path):
+    import hashlib
+    import warnings
+
+    from torch.distributed.checkpoint.state_dict_loader import load as dcp_load
+    from torch.distributed.checkpoint.state_dict_saver import save as dcp_save
+
+    from recovery.integrity.dcp import HashingWriter
+
+    state = {"w": torch.randn(300, 7), "b": torch.arange(11), "nested": {"x": torch.ones(5)}}
+    writer = HashingWriter(tmp_path / "dcp")
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        dcp_save(state, storage_writer=writer, no_dist=True)
+    on_disk = {p.name: p.read_bytes() for p in (tmp_path / "dcp").iterdir()}
+    assert ".metadata" in on_disk and any(n.endswith(".distcp") for n in on_disk)
+    assert writer.records == {
+        name: (hashlib.sha256(data).hexdigest(), len(data)) for name, data in on_disk.items()
+    }
+    back = {"w": torch.empty(300, 7), "b": torch.empty(11, dtype=torch.int64)}
+    back["nested"] = {"x": torch.empty(5)}
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        dcp_load(back, checkpoint_id=str(tmp_path / "dcp"), no_dist=True)
+    assert torch.equal(back["w"], state["w"]) and torch.equal(back["b"], state["b"])
