@@ -40,6 +40,12 @@ _COMMITTED = re.compile(r"^step-(\d{8,})$")
 _TEMP = re.compile(r"^step-(\d{8,})\.(tmp|aside|trash)-[0-9a-f]+$")
 
 
+def is_dcp_shard(name: str) -> bool:
+    """Whether a checkpoint's file ``name`` is one of DCP's data files (``dcp/__0_0.distcp``),
+    not its ``.metadata``: under ``torchrun`` each rank reads only some of them."""
+    return name.startswith(f"{DCP_DIR}/") and not name.endswith("/.metadata")
+
+
 def step_dir_name(step: int) -> str:
     """``step-00001200`` for step 1200."""
     return f"{STEP_PREFIX}{step:08d}"

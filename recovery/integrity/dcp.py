@@ -9,7 +9,10 @@ reader whose file system is the dictionary of verified bytes that
 :func:`recovery.integrity.reader.read_verified` returned: every byte DCP
 deserialises is a byte that was hashed, and a name that was not verified is
 refused instead of read. Rejected: re-hashing the files just before DCP opens
-them (a smaller window is still a window).
+them (a smaller window is still a window). Under ``torchrun`` each rank defers
+the verification of the shards (:class:`~recovery.integrity.reader.Deferred`)
+to the moment DCP asks for one: a rank reads and hashes only the shards its
+load plan reads, and DCP gets the very bytes that were just hashed.
 
 :class:`HashingWriter` is DCP's own file-system writer whose streams hash
 every byte on its way to the file: each rank knows the sha256 of the shards
@@ -37,6 +40,7 @@ from torch.distributed.checkpoint.filesystem import (
 
 from recovery.errors import FormatError
 from recovery.format.layout import DCP_DIR
+from recovery.integrity.reader import Deferred
 
 
 class _VerifiedFiles(FileSystemBase):
@@ -60,6 +64,8 @@ class _VerifiedFiles(FileSystemBase):
         if mode != "rb":
             self._read_only(path)
         data = self.files.get(self._key(path))
+        if isinstance(data, Deferred):  # this rank's part of the shards: verified now
+            data = data.read()
         if not isinstance(data, bytes):
             raise FormatError(
                 f"{self.root.parent}: DCP asked for {self._key(path)}, which is not among the "

@@ -56,18 +56,44 @@ from recovery.progress import bytes_bar
 
 
 @dataclass(frozen=True)
+class Deferred:
+    """A listed file whose size was checked and whose bytes are read and verified only
+    when :meth:`read` is called (see ``defer`` of :func:`read_verified`)."""
+
+    directory: Path
+    record: FileRecord
+    size: int
+    algorithm: str
+
+    def read(self) -> bytes | torch.Tensor:
+        """The file's bytes, verified against the manifest now.
+
+        Raises:
+            DigestMismatchError, UnreadableFileError.
+        """
+        file = self.directory / self.record.name
+        with _readable(file):
+            return _read_one(self.directory, self.record, self.size, self.algorithm, _ignore)
+
+
+def _ignore(n: int) -> None:
+    """A progress callback that shows nothing."""
+
+
+@dataclass(frozen=True)
 class Verified:
     """A verified directory: its manifest and the verified bytes of each file.
 
     ``.safetensors`` files come as one uint8 tensor each (decoded zero-copy by
     :func:`recovery.format.tensorfile.views`); every other file, DCP's
     (``dcp/...``) included, as ``bytes``: DCP reads those through
-    :class:`recovery.integrity.dcp.VerifiedReader`, never from disk.
+    :class:`recovery.integrity.dcp.VerifiedReader`, never from disk. A file the
+    caller deferred is a :class:`Deferred`, verified when it is read.
     """
 
     path: Path
     manifest: Manifest
-    files: dict[str, bytes | torch.Tensor]
+    files: dict[str, bytes | torch.Tensor | Deferred]
 
 
 def _read_nofollow(path: Path) -> bytes:
@@ -227,7 +253,11 @@ def _unsigned(path: Path) -> CheckpointNotFoundError | ManifestError:
 
 
 def read_verified(
-    path: str | Path, trust: TrustStore, *, allow_untrusted: bool = False
+    path: str | Path,
+    trust: TrustStore,
+    *,
+    allow_untrusted: bool = False,
+    defer: Callable[[str], bool] | None = None,
 ) -> Verified:
     """Verify the signature and every file of a committed directory; return the bytes.
 
@@ -235,6 +265,9 @@ def read_verified(
         path: the directory.
         trust: the public keys whose signatures are trusted.
         allow_untrusted: accept a valid signature by a key not in ``trust``.
+        defer: names for which this says true are size-checked like every file but
+            read and verified only when used (:class:`Deferred`): the DCP shards of a
+            ``torchrun`` job, of which each rank reads only its own part.
 
     Raises:
         CheckpointNotFoundError, ManifestError, SignatureError, UntrustedSignerError,
@@ -244,10 +277,16 @@ def read_verified(
     """
     path = Path(path)
     with _readable(path):
-        return _read_verified(path, trust, allow_untrusted=allow_untrusted)
+        return _read_verified(path, trust, allow_untrusted=allow_untrusted, defer=defer)
 
 
-def _read_verified(path: Path, trust: TrustStore, *, allow_untrusted: bool) -> Verified:
+def _read_verified(
+    path: Path,
+    trust: TrustStore,
+    *,
+    allow_untrusted: bool,
+    defer: Callable[[str], bool] | None,
+) -> Verified:
     mf = read_manifest(path, trust, allow_untrusted=allow_untrusted)
     present, links, dirs = _walk(path)
     if links:
@@ -275,6 +314,7 @@ def _read_verified(path: Path, trust: TrustStore, *, allow_untrusted: bool) -> V
             path=path / extra[0],
         )
     sizes = {rec.name: _size(path, rec) for rec in mf.files}
+    later = {rec.name for rec in mf.files if defer is not None and defer(rec.name)}
     lock = threading.Lock()
     with bytes_bar(sum(sizes.values()), f"verifying {path.name}") as bar:
 
@@ -286,12 +326,19 @@ def _read_verified(path: Path, trust: TrustStore, *, allow_untrusted: bool) -> V
             return _read_one(path, rec, sizes[rec.name], mf.hash_type, progress)
 
         # largest first, so the last file to finish is a small one; results by name
-        order = sorted(mf.files, key=lambda r: -sizes[r.name])
+        order = sorted((r for r in mf.files if r.name not in later), key=lambda r: -sizes[r.name])
         threads = tensorfile.workers(len(order))
         with ThreadPoolExecutor(threads, thread_name_prefix="recovery-read") as pool:
             futures = {rec.name: pool.submit(one, rec) for rec in order}
     # every read has finished; the first failure in listed order is the one reported
-    blobs = {rec.name: futures[rec.name].result() for rec in mf.files}
+    blobs: dict[str, bytes | torch.Tensor | Deferred] = {
+        rec.name: (
+            Deferred(path, rec, sizes[rec.name], mf.hash_type)
+            if rec.name in later
+            else futures[rec.name].result()
+        )
+        for rec in mf.files
+    }
     return Verified(path=path, manifest=mf, files=blobs)
 
 

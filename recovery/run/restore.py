@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import logging
 import os
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -245,9 +246,11 @@ def choose(
     allow_untrusted: bool,
     journal: Path,
     strict: bool,
+    defer: Callable[[str], bool] | None = None,
+    exclude: Mapping[Path, str] | None = None,
 ) -> tuple[resume.Loaded | None, str | None]:
     """The checkpoint to resume (:func:`recovery.run.resume.select`, checked against the
-    run's journal), the same on every rank.
+    run's journal), the same on every rank. ``defer``, ``exclude``: as ``select``'s.
 
     Returns:
         The checkpoint (``None``: start fresh), and the run id it replaces when ``spec``
@@ -258,7 +261,14 @@ def choose(
     """
     past = history.read(journal)
     loaded = resume.select(
-        run_dir, spec, trust, allow_untrusted=allow_untrusted, history=past, strict=strict
+        run_dir,
+        spec,
+        trust,
+        allow_untrusted=allow_untrusted,
+        history=past,
+        strict=strict,
+        defer=defer,
+        exclude=exclude,
     )
     step = loaded.decoded.step if loaded is not None else -1
     multirank.agree_on_resume(step, loaded.path if loaded else None, run_dir)

@@ -20,7 +20,8 @@ from pathlib import Path
 from typing import Any
 
 from recovery.config import CheckpointConfig, HealthConfig
-from recovery.format.layout import METRICS_FILE
+from recovery.errors import VerificationError
+from recovery.format.layout import METRICS_FILE, is_dcp_shard
 from recovery.integrity.lock import RunLock
 from recovery.integrity.signing import TrustStore
 from recovery.parallel import world as distributed
@@ -126,17 +127,34 @@ class Restoring:
 
     def _restore(self, state: TrainState, resume_spec: object, init_from: object) -> int:
         if resume_spec is not None:
-            loaded, replaced = begin.choose(
-                self.run_dir,
-                resume_spec,
-                self.trust,
-                allow_untrusted=self.allow_untrusted,
-                journal=self._journal_path(),
-                strict=self.cfg.strict_resume,
-            )
-            if loaded is not None:
-                step = self._resume(state, loaded, replaced)
-                if resume.parse_spec(resume_spec) != resume.LATEST and self.world.leader:
+            latest = resume.parse_spec(resume_spec) == resume.LATEST
+            # under torchrun each rank verifies only the DCP shards it reads, as DCP reads
+            # them; a damaged one fails the load on every rank (DCP gathers the failures)
+            defer = is_dcp_shard if self.world.distributed else None
+            damaged: dict[Path, str] = {}
+            while True:
+                loaded, replaced = begin.choose(
+                    self.run_dir,
+                    resume_spec,
+                    self.trust,
+                    allow_untrusted=self.allow_untrusted,
+                    journal=self._journal_path(),
+                    strict=self.cfg.strict_resume,
+                    defer=defer,
+                    exclude=damaged,
+                )
+                if loaded is None:
+                    break
+                try:
+                    step = self._resume(state, loaded, replaced)
+                except VerificationError as err:
+                    if not latest:
+                        raise
+                    # nothing was applied: the shards are read into copies first
+                    log.warning("RESUME FALLBACK: skipping %s: %s", loaded.path, err)
+                    damaged[loaded.path] = str(err)
+                    continue
+                if not latest and self.world.leader:
                     branches.abandon(self.run_dir, step, self._event)  # a branch from here
                 distributed.barrier()
                 return step

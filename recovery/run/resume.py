@@ -18,6 +18,7 @@ import difflib
 import logging
 import os
 import re
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -59,7 +60,9 @@ class Loaded:
     decoded: Decoded
     components: list[str]
     """The purpose-contract components it holds."""
-    files: dict[str, bytes | torch.Tensor] = field(repr=False, default_factory=dict)
+    files: dict[str, bytes | torch.Tensor | reader.Deferred] = field(
+        repr=False, default_factory=dict
+    )
     skipped: list[tuple[Path, str]] = field(default_factory=list)
     """Newer checkpoints passed over (``latest`` only), with the reason for each."""
 
@@ -111,13 +114,21 @@ def _did_you_mean(word: str, key: str = "+resume") -> str:
     return f"; did you mean {close[0]}?" if close else "."
 
 
-def load(path: Path, trust: TrustStore, *, allow_untrusted: bool = False) -> Loaded:
+def load(
+    path: Path,
+    trust: TrustStore,
+    *,
+    allow_untrusted: bool = False,
+    defer: Callable[[str], bool] | None = None,
+) -> Loaded:
     """Verify signature, trust and every byte of ``path``, decode them, check its contract.
+
+    ``defer``: files verified only when read (:func:`recovery.integrity.reader.read_verified`).
 
     Raises:
         VerificationError (and subclasses), FormatError, PurposeError.
     """
-    verified = reader.read_verified(path, trust, allow_untrusted=allow_untrusted)
+    verified = reader.read_verified(path, trust, allow_untrusted=allow_untrusted, defer=defer)
     decoded = snapshot.decode(verified)
     rec = verified.manifest.recovery
     have = snapshot.present(decoded.tree, decoded.meta, verified.files, rec)
@@ -140,8 +151,13 @@ def select(
     history: History | None = None,
     strict: bool = False,
     key: str = "+resume",
+    defer: Callable[[str], bool] | None = None,
+    exclude: Mapping[Path, str] | None = None,
 ) -> Loaded | None:
     """The checkpoint ``spec`` names in ``run_dir``, verified and decoded.
+
+    ``defer`` names files verified only when read (see :func:`load`); ``exclude``
+    (``latest`` only): checkpoints already found damaged by such a read, with why.
 
     With ``latest``, the run's own ``history`` (its journal) is checked too: a
     checkpoint another run wrote is passed over (``SUBSTITUTION``), and
@@ -173,7 +189,9 @@ def select(
             )
         want = kept[-1]
     if want == LATEST:
-        return _latest(run_dir, trust, allow_untrusted, history or History(), strict)
+        return _latest(
+            run_dir, trust, allow_untrusted, history or History(), strict, defer, exclude or {}
+        )
     if isinstance(want, int):
         path = run_dir / step_dir_name(want)
         if not path.is_dir() and tracking.dvc_file(path).exists():
@@ -187,7 +205,7 @@ def select(
             )
     else:
         path = Path(want)
-    loaded = load(path, trust, allow_untrusted=allow_untrusted)
+    loaded = load(path, trust, allow_untrusted=allow_untrusted, defer=defer)
     purpose.check_use(
         purpose.RESUME, loaded.manifest.purpose, where=str(path), present=loaded.components
     )
@@ -203,16 +221,25 @@ def candidates(run_dir: Path) -> list[tuple[int, Path]]:
 
 
 def _latest(
-    run_dir: Path, trust: TrustStore, allow_untrusted: bool, past: History, strict: bool
+    run_dir: Path,
+    trust: TrustStore,
+    allow_untrusted: bool,
+    past: History,
+    strict: bool,
+    defer: Callable[[str], bool] | None,
+    exclude: Mapping[Path, str],
 ) -> Loaded | None:
     skipped: list[tuple[Path, str]] = []
     foreign: list[ForeignCheckpointError] = []
     for _step, path in reversed(candidates(run_dir)):
+        if path in exclude:
+            skipped.append((path, exclude[path]))
+            continue
         try:
             if not path.exists():
                 log.info("%s is not on disk; fetching it from DVC", path)
                 tracking.materialize(path)
-            loaded = load(path, trust, allow_untrusted=allow_untrusted)
+            loaded = load(path, trust, allow_untrusted=allow_untrusted, defer=defer)
             purpose.check_use(
                 purpose.RESUME, loaded.manifest.purpose, where=str(path), present=loaded.components
             )

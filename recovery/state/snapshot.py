@@ -25,7 +25,7 @@ from recovery.format.layout import (
     STATE_FILE,
     tensor_file,
 )
-from recovery.integrity.reader import Verified
+from recovery.integrity.reader import Deferred, Verified
 
 STATE_FORMAT = 1
 
@@ -100,10 +100,7 @@ def decode(verified: Verified) -> Decoded:
         raise FormatError(
             f"{where}: has no {STATE_FILE}; it is not a training checkpoint", path=where
         )
-    raw = verified.files[STATE_FILE]
-    doc = codec.loads_json(
-        raw if isinstance(raw, bytes) else bytes(raw.numpy()), name=str(where / STATE_FILE)
-    )
+    doc = codec.loads_json(_bytes(verified, STATE_FILE), name=str(where / STATE_FILE))
     if not isinstance(doc, dict) or doc.get("format") != STATE_FORMAT:
         raise FormatError(
             f"{where / STATE_FILE}: expected state format {STATE_FORMAT}, "
@@ -120,6 +117,14 @@ def decode(verified: Verified) -> Decoded:
             raise FormatError(f"{where / fname}: {err}", path=where / fname) from err
     meta = {k: v for k, v in doc.items() if k not in ("format", "step", "components")}
     return Decoded(tree=tree, step=int(doc["step"]), meta=meta)
+
+
+def _bytes(verified: Verified, name: str) -> bytes:
+    """The verified bytes of a file read whole (a deferred one is verified now)."""
+    blob = verified.files[name]
+    if isinstance(blob, Deferred):
+        blob = blob.read()
+    return blob if isinstance(blob, bytes) else bytes(blob.numpy())
 
 
 def _tensors(verified: Verified, component: str) -> dict[str, torch.Tensor]:
@@ -139,7 +144,7 @@ def _tensors(verified: Verified, component: str) -> dict[str, torch.Tensor]:
     if index is None:
         return {}
     iname = str(where / shards.index_name(component))
-    raw = index if isinstance(index, bytes) else bytes(index.numpy())
+    raw = _bytes(verified, shards.index_name(component))
     out: dict[str, torch.Tensor] = {}
     for shard, keys in shards.shard_names(component, raw, where=iname).items():
         data = verified.files.get(shard)

@@ -258,3 +258,36 @@ def test_blake3_is_refused_under_torchrun_at_start_up():
     two = World(rank=0, size=2, distributed=True)
     with pytest.raises(recovery.ConfigError, match="checkpoint.hash=blake3 is not supported"):
         multirank.check_supported(two, async_save=False, warm_start_every=0, hash_type="blake3")
+
+
+def test_deferred_files_are_size_checked_now_and_verified_when_read(tmp_path, signer, trust):
+    final = write_checkpoint(tmp_path, signer, tree(), shard_bytes=4096)
+    lazy = "model-00003-of-00007.safetensors"
+    data = bytearray((final / lazy).read_bytes())
+    data[-1] ^= 0xFF
+    (final / lazy).write_bytes(bytes(data))
+    verified = reader.read_verified(final, trust, defer=lambda name: name == lazy)
+    deferred = verified.files[lazy]
+    assert isinstance(deferred, reader.Deferred)  # not read: the damage is not seen yet
+    with pytest.raises(DigestMismatchError, match=lazy.replace(".", r"\.")):
+        deferred.read()
+    (final / lazy).write_bytes(bytes(data[:-1]))
+    with pytest.raises(TruncatedFileError):  # sizes are checked for deferred files too
+        reader.read_verified(final, trust, defer=lambda name: name == lazy)
+
+
+@pytest.mark.parametrize(
+    ("name", "shard"),
+    [
+        ("dcp/__0_0.distcp", True),
+        ("dcp/__1_0.distcp", True),
+        ("dcp/.metadata", False),  # every rank plans its reads from it: verified up front
+        ("ranks/rank-00000.safetensors", False),
+        ("model.safetensors", False),
+        ("state.json", False),
+    ],
+)
+def test_only_dcp_data_files_are_verified_lazily_under_torchrun(name, shard):
+    from recovery.format.layout import is_dcp_shard
+
+    assert is_dcp_shard(name) is shard
