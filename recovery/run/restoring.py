@@ -151,7 +151,7 @@ class Restoring:
                     if not latest:
                         raise
                     # nothing was applied: the shards are read into copies first
-                    log.warning("RESUME FALLBACK: skipping %s: %s", loaded.path, err)
+                    log.warning("RESUME FALLBACK: skipping %s, read by DCP: %s", loaded.path, err)
                     damaged[loaded.path] = str(err)
                     continue
                 if not latest and self.world.leader:

@@ -192,6 +192,30 @@ def test_a_rank_killed_mid_save_commits_nothing_and_the_job_resumes(
     assert_same_job(reference, root / "r", trust, ranks=2)
 
 
+def test_each_rank_verifies_the_shards_it_reads_and_a_damaged_one_falls_back(
+    job, trainer, tmp_path, trust
+):
+    """Rank 1's DCP shard of the newest checkpoint is damaged (same size, one byte): the
+    size checks pass, rank 1 finds it when DCP reads it, every rank skips that
+    checkpoint together, and the job resumes from the one before, ending identical."""
+    reference = job("fsdp", 2)
+    root = tmp_path / "damaged"
+    shutil.copytree(reference.parent, root, ignore=shutil.ignore_patterns("*.log"))
+    shutil.rmtree(root / "r" / step_dir_name(80))
+    shard = root / "r" / step_dir_name(70) / "dcp" / "__1_0.distcp"
+    shard.chmod(0o644)
+    data = bytearray(shard.read_bytes())
+    data[len(data) // 2] ^= 0xFF
+    shard.write_bytes(bytes(data))
+    resumed = trainer(root, "dist.strategy=fsdp", "+resume=latest", nproc=2)
+    assert resumed.returncode == 0, resumed.output
+    # found as DCP read it (the eager verification, which reads every byte, passed it)
+    assert "RESUME FALLBACK: skipping" in resumed.output and "read by DCP" in resumed.output
+    assert "__1_0.distcp" in resumed.output and "failed verification" not in resumed.output
+    assert "resumed from" in resumed.output and "step-00000060" in resumed.output
+    assert_same_job(reference, root / "r", trust, ranks=2)
+
+
 def test_a_plain_process_resumes_a_two_rank_checkpoint(job, trainer, tmp_path, trust):
     reference = job("fsdp", 2)
     root = tmp_path / "plain"
