@@ -4,6 +4,8 @@ A run started by ``torchrun`` (``WORLD_SIZE`` and ``RANK`` in the environment)
 joins a process group (gloo on CPU, nccl on GPU); a plain ``python train.py``
 is a world of one and calls nothing here that communicates. Every collective
 in this module carries plain integers in a tensor, never a pickled object.
+Under torchrun's shared store the ranks of each attempt first agree on a
+namespace of their own, so an elastic restart never meets the dead attempt's keys.
 """
 
 from __future__ import annotations
@@ -13,6 +15,8 @@ import logging
 import os
 import random
 import sys
+import time
+import uuid
 from collections.abc import Callable
 from dataclasses import dataclass
 from datetime import timedelta
@@ -21,6 +25,7 @@ from typing import Literal, NoReturn, TypeVar
 import numpy as np
 import torch
 import torch.distributed as dist
+from torch.distributed.distributed_c10d import PrefixStore, Store
 
 from recovery.config import DistConfig
 
@@ -68,10 +73,87 @@ def setup(cfg: DistConfig) -> World:
             backend = "gloo"
         if backend == "nccl":
             torch.cuda.set_device(int(os.environ.get("LOCAL_RANK", "0")))
-        dist.init_process_group(backend, timeout=timedelta(seconds=cfg.timeout_s))
+        timeout = timedelta(seconds=cfg.timeout_s)
+        store = _attempt_store(timeout)
+        if store is None:
+            dist.init_process_group(backend, timeout=timeout)
+        else:
+            rank, size = int(os.environ["RANK"]), int(os.environ["WORLD_SIZE"])
+            dist.init_process_group(
+                backend, store=store, rank=rank, world_size=size, timeout=timeout
+            )
     world = current()
     log.info("rank %d of %d (%s)", world.rank, world.size, dist.get_backend())
     return world
+
+
+_ATTEMPT = "recovery/attempt"
+_RECHECK = timedelta(seconds=0.5)
+
+
+def _attempt_store(timeout: timedelta) -> Store | None:
+    """The store this attempt's process group meets in, when torchrun shares its own.
+
+    With the c10d rendezvous (``--standalone`` included) torchrun's agent keeps one TCPStore
+    for the whole job and every attempt's workers meet in it with the same keys (torch
+    2.13 sets ``TORCHELASTIC_USE_AGENT_STORE=True`` and adds no per-attempt prefix,
+    pytorch/pytorch#135712). After an elastic restart, a rank that joins before rank 0 has
+    rewritten its address reads the dead attempt's one: gloo's connect is refused and the
+    restarted job fails, or hangs (seen about every other restart, a ``--max-restarts``
+    job never resuming). ``TORCHELASTIC_RESTART_COUNT`` cannot name the attempt: each agent
+    counts its own restarts, and a node restarted for a membership change does not count
+    it. So the ranks agree on a fresh namespace first (:func:`_agree_attempt`) and the
+    process group meets under it. ``None``: not torchrun's shared store; ``env://``.
+    """
+    if os.environ.get("TORCHELASTIC_USE_AGENT_STORE") != str(True):
+        return None
+    rank, size = int(os.environ["RANK"]), int(os.environ["WORLD_SIZE"])
+    base = dist.TCPStore(  # type: ignore[attr-defined]
+        os.environ["MASTER_ADDR"],
+        int(os.environ["MASTER_PORT"]),
+        size,
+        is_master=False,
+        timeout=timeout,
+    )
+    token = _agree_attempt(base, rank, size, timeout)
+    return PrefixStore(f"{_ATTEMPT}/{token}/pg/", base)
+
+
+def _agree_attempt(store: Store, rank: int, size: int, timeout: timedelta) -> str:
+    """A token every rank of this attempt agrees on, which no earlier attempt used.
+
+    Rank 0 draws it and publishes it under one key, where a rank may still read an earlier
+    attempt's. So each other rank announces a fresh nonce under the token it read, and
+    rank 0 waits for the announcements under its own token (a namespace nothing stale is
+    in) and answers each under its nonce. A rank not answered within :data:`_RECHECK`
+    reads the published token again.
+
+    Raises:
+        DistStoreError: the ranks did not all meet within ``timeout``.
+    """
+    current = f"{_ATTEMPT}/current"
+    if rank == 0:
+        token = uuid.uuid4().hex
+        store.set(current, token)
+        hello = [f"{_ATTEMPT}/{token}/hello/{r}" for r in range(1, size)]
+        if hello:
+            store.wait(hello, timeout)
+        for key in hello:
+            store.set(f"{_ATTEMPT}/answer/{store.get(key).decode()}", token)
+        return token
+    nonce = uuid.uuid4().hex
+    answer = f"{_ATTEMPT}/answer/{nonce}"
+    deadline = time.monotonic() + timeout.total_seconds()
+    while True:
+        token = store.get(current).decode()  # waits for the key (the store's timeout)
+        store.set(f"{_ATTEMPT}/{token}/hello/{rank}", nonce)
+        try:
+            store.wait([answer], _RECHECK)
+        except dist.DistStoreError:
+            if time.monotonic() > deadline:
+                raise
+            continue
+        return str(store.get(answer).decode())
 
 
 def exit_now(code: int) -> NoReturn:
