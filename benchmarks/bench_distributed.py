@@ -1,6 +1,7 @@
 """A torchrun job's checkpoint against DCP alone, measured in the same job.
 
     python benchmarks/bench_distributed.py [--nproc 2] [--size-mb 256] [--runs 5] [--strategy fsdp]
+        [--json OUT]
 
 Starts itself under ``torchrun`` (gloo on CPU). Every rank holds an FSDP2 (or
 DDP) model of ~``size-mb`` MiB of fp32 parameters with Adam's moments after
@@ -14,7 +15,17 @@ to the end:
   distributed commit (each rank's own files, the DCP shards, each rank
   hashing what it wrote, the agreements and the digests sent to rank 0, rank
   0's replicated state, the signature, the rename). Retention keeps two of
-  ours; each DCP baseline is deleted after its run.
+  ours; each DCP baseline is deleted after its run;
+- ``DCP async_save pause``: how long ``torch.distributed.checkpoint.async_save``
+  (over a gloo group of its own) holds the caller, until it returns; the
+  write it starts is waited for outside the timing;
+- ``ours async pause``: how long ``Checkpointer.save`` with ``checkpoint.async=true``
+  holds the training thread (each rank's copy into its staging buffers); the
+  background commit is waited for (``flush``) outside the timing.
+
+The two pauses are timed like the rest, from a barrier to a barrier after the
+call: the pause of the slowest rank, which is what the next collective of the
+training step would wait for.
 
 Reported: the median of ``--runs`` runs and the ratio ours / DCP, and, for
 reference, how long one process takes to read back and hash all of one DCP
@@ -41,6 +52,7 @@ def worker(args: argparse.Namespace) -> None:
     import torch.distributed as dist
     from torch.distributed.checkpoint.filesystem import FileSystemWriter
     from torch.distributed.checkpoint.state_dict import get_state_dict
+    from torch.distributed.checkpoint.state_dict_saver import async_save as dcp_async_save
     from torch.distributed.checkpoint.state_dict_saver import save as dcp_save
 
     from recipes.common import parallelize
@@ -76,18 +88,26 @@ def worker(args: argparse.Namespace) -> None:
     signer = Signer(keys / "recovery.key")
     trust = TrustStore()
     trust.add_pem(signer.public_pem, source="bench")
-    ck = CheckpointConfig(root=str(root), every_steps=0, keep_last=2)
-    ckpt = Checkpointer(
-        ck,
-        root / "run",
-        final_step=10**9,
-        signer=signer,
-        trust=trust,
-        provenance={"note": "benchmark"},
-        world=world,
-        strategy=args.strategy,
-    )
-    ckpt.restore(state)
+
+    def checkpointer(run: str, *, async_save: bool) -> Checkpointer:
+        ck = CheckpointConfig(root=str(root), every_steps=0, keep_last=2, async_save=async_save)
+        made = Checkpointer(
+            ck,
+            root / run,
+            final_step=10**9,
+            signer=signer,
+            trust=trust,
+            provenance={"note": "benchmark"},
+            world=world,
+            strategy=args.strategy,
+        )
+        made.restore(state)
+        return made
+
+    ckpt = checkpointer("run", async_save=False)
+    ckpt_async = checkpointer("run-async", async_save=True)
+    dcp_group = dist.new_group(backend="gloo")  # async_save's thread: off the default group
+    pending: list[object] = []
 
     def dcp_only(i: int) -> None:
         msd, osd = get_state_dict(model, opt)
@@ -99,14 +119,44 @@ def worker(args: argparse.Namespace) -> None:
     def ours(i: int) -> None:
         ckpt.save(state, i + 1)
 
-    times: dict[str, list[float]] = {"DCP save": [], "ours (distributed commit)": []}
+    def dcp_async(i: int) -> None:
+        msd, osd = get_state_dict(model, opt)
+        pending.append(
+            dcp_async_save(
+                {"model": msd, "optimizer": osd["state"]},
+                storage_writer=FileSystemWriter(root / f"dcp-async-{i}", sync_files=True),
+                process_group=dcp_group,
+            )
+        )
+
+    def ours_async(i: int) -> None:
+        ckpt_async.save(state, i + 1)
+
+    def finish_dcp_async(i: int) -> None:
+        pending.pop().result()  # type: ignore[attr-defined]
+        if world.leader:
+            shutil.rmtree(root / f"dcp-async-{i}")
+
+    def finish_ours_async(i: int) -> None:
+        ckpt_async.flush()
+
+    methods = (
+        ("DCP save", dcp_only, None),
+        ("ours (distributed commit)", ours, None),
+        ("DCP async_save pause", dcp_async, finish_dcp_async),
+        ("ours async pause", ours_async, finish_ours_async),
+    )
+    times: dict[str, list[float]] = {name: [] for name, _, _ in methods}
     for i in range(args.runs):
-        for name, fn in (("DCP save", dcp_only), ("ours (distributed commit)", ours)):
+        for name, fn, finish in methods:
             distributed.barrier()
             started = time.perf_counter()
             fn(i)
             distributed.barrier()
             times[name].append(time.perf_counter() - started)
+            if finish is not None:  # the write behind a pause, outside its timing
+                finish(i)
+                distributed.barrier()
         if world.leader:
             shards = [f for f in (root / f"dcp-{i}").rglob("*") if f.is_file()]
             nbytes = sum(f.stat().st_size for f in shards)
@@ -117,6 +167,7 @@ def worker(args: argparse.Namespace) -> None:
                 time.perf_counter() - started
             )
             shutil.rmtree(root / f"dcp-{i}")  # retention keeps ours to two
+    ckpt_async.close()
     if world.leader:
         Path(args.out).write_text(
             json.dumps({"times": times, "bytes": nbytes, "world": world.size, "layers": layers})
@@ -132,6 +183,7 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--runs", type=int, default=5)
     ap.add_argument("--strategy", choices=("ddp", "fsdp"), default="fsdp")
     ap.add_argument("--dir", default=None, help="scratch directory (default: a temp dir)")
+    ap.add_argument("--json", default=None, metavar="OUT", help="write the medians (s) to OUT")
     ap.add_argument("--out", default=None, help=argparse.SUPPRESS)
     args = ap.parse_args(argv)
     if "RANK" in os.environ:
@@ -169,6 +221,9 @@ def main(argv: list[str] | None = None) -> int:
     print("| method | median s | ratio to DCP save |\n|---|---|---|")
     for name, seconds in med.items():
         print(f"| {name} | {seconds:.3f} | {seconds / base:.2f} |")
+    if args.json:
+        keys = ("DCP save", "ours (distributed commit)", "DCP async_save pause", "ours async pause")
+        Path(args.json).write_text(json.dumps({k: med[k] for k in keys}, indent=2) + "\n")
     return 0
 
 

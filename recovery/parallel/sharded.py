@@ -211,6 +211,49 @@ def _read(target: dict[str, Any], files: dict[str, Any], *, where: Path) -> None
         raise
 
 
+def state_of(
+    model: torch.nn.Module, optimizer: torch.optim.Optimizer
+) -> tuple[dict[str, Any], dict[str, Any]]:
+    """What DCP writes of ``model`` and ``optimizer``, and what ``state.json`` keeps.
+
+    Returns:
+        The tensors (``{"model": ..., "optimizer": ...}``: the live tensors, not
+        copies; FSDP2's DTensors as they are) and the optimizer's param groups.
+    """
+    from torch.distributed.checkpoint.state_dict import get_state_dict
+
+    msd, osd = get_state_dict(model, optimizer)
+    return {"model": msd, "optimizer": osd["state"]}, {"param_groups": osd["param_groups"]}
+
+
+def write(
+    tensors: dict[str, Any], directory: Path, *, process_group: dist.ProcessGroup | None = None
+) -> dict[str, tuple[str, int]]:
+    """Write ``tensors`` (as :func:`state_of` gives them, or host copies of the same layout)
+    into ``directory`` with DCP: collective over ``process_group`` (default: the job's).
+
+    Returns:
+        The files this rank wrote (names relative to ``directory``; rank 0's include DCP's
+        ``.metadata``) -> (sha256, size), hashed as they were written.
+
+    Raises:
+        BaseException: DCP's failure, :func:`dcp_failure` (the caller says what it means).
+    """
+    from torch.distributed.checkpoint.state_dict_saver import save as dcp_save
+
+    from recovery.integrity.dcp import HashingWriter
+
+    writer = HashingWriter(directory)
+    _quiet(
+        dcp_save,
+        tensors,
+        storage_writer=writer,
+        process_group=process_group,
+        no_dist=_alone(),
+    )
+    return writer.records
+
+
 def save(
     model: torch.nn.Module, optimizer: torch.optim.Optimizer, directory: Path
 ) -> dict[str, Any]:
@@ -219,18 +262,9 @@ def save(
     Returns:
         What ``state.json`` keeps: the optimizer's param groups.
     """
-    from torch.distributed.checkpoint.filesystem import FileSystemWriter
-    from torch.distributed.checkpoint.state_dict import get_state_dict
-    from torch.distributed.checkpoint.state_dict_saver import save as dcp_save
-
-    msd, osd = get_state_dict(model, optimizer)
-    _quiet(
-        dcp_save,
-        {"model": msd, "optimizer": osd["state"]},
-        storage_writer=FileSystemWriter(directory, sync_files=True),
-        no_dist=_alone(),
-    )
-    return {"param_groups": osd["param_groups"]}
+    tensors, groups = state_of(model, optimizer)
+    write(tensors, directory)
+    return groups
 
 
 def load(

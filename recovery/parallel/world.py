@@ -74,6 +74,7 @@ def setup(cfg: DistConfig) -> World:
         if backend == "nccl":
             torch.cuda.set_device(int(os.environ.get("LOCAL_RANK", "0")))
         timeout = timedelta(seconds=cfg.timeout_s)
+        _settings["timeout"] = timeout
         store = _attempt_store(timeout)
         if store is None:
             dist.init_process_group(backend, timeout=timeout)
@@ -173,15 +174,26 @@ def exit_now(code: int) -> NoReturn:
     os._exit(code)
 
 
-def _device() -> torch.device:
-    return torch.device("cuda") if dist.get_backend() == "nccl" else torch.device("cpu")
+_settings: dict[str, timedelta] = {}
 
 
-def _reduce(values: list[int], op: Literal["min", "max"]) -> list[int]:
+def timeout() -> timedelta | None:
+    """How long a collective waits for a missing rank, as :func:`setup` set it (``None``:
+    not set up here); a group made later (a background save's) waits as long."""
+    return _settings.get("timeout")
+
+
+def _device(group: dist.ProcessGroup | None = None) -> torch.device:
+    return torch.device("cuda") if dist.get_backend(group) == "nccl" else torch.device("cpu")
+
+
+def _reduce(
+    values: list[int], op: Literal["min", "max"], group: dist.ProcessGroup | None = None
+) -> list[int]:
     if not current().distributed:
         return values
-    t = torch.tensor(values, dtype=torch.int64, device=_device())
-    dist.all_reduce(t, op=dist.ReduceOp.MIN if op == "min" else dist.ReduceOp.MAX)
+    t = torch.tensor(values, dtype=torch.int64, device=_device(group))
+    dist.all_reduce(t, op=dist.ReduceOp.MIN if op == "min" else dist.ReduceOp.MAX, group=group)
     return [int(v) for v in t.tolist()]
 
 
@@ -190,31 +202,32 @@ def any_of(*flags: bool) -> list[bool]:
     return [bool(v) for v in _reduce([int(f) for f in flags], "max")]
 
 
-def all_ok(ok: bool) -> bool:
-    """True only if ``ok`` on every rank."""
-    return bool(_reduce([int(ok)], "min")[0])
+def all_ok(ok: bool, *, group: dist.ProcessGroup | None = None) -> bool:
+    """True only if ``ok`` on every rank (over ``group``, a group of every rank; default:
+    the job's)."""
+    return bool(_reduce([int(ok)], "min", group)[0])
 
 
-def broadcast_int(value: int) -> int:
+def broadcast_int(value: int, *, group: dist.ProcessGroup | None = None) -> int:
     """Rank 0's ``value`` on every rank."""
     if not current().distributed:
         return value
-    t = torch.tensor([value], dtype=torch.int64, device=_device())
-    dist.broadcast(t, src=0)
+    t = torch.tensor([value], dtype=torch.int64, device=_device(group))
+    dist.broadcast(t, src=0, group=group)
     return int(t.item())
 
 
-def broadcast_text(text: str, *, size: int = 64) -> str:
+def broadcast_text(text: str, *, size: int = 64, group: dist.ProcessGroup | None = None) -> str:
     """Rank 0's ``text`` (ASCII, at most ``size`` bytes) on every rank."""
     if not current().distributed:
         return text
     raw = text.encode("ascii")
     if len(raw) > size:
         raise ValueError(f"broadcast_text: {len(raw)} bytes, more than {size}")
-    t = torch.zeros(size + 1, dtype=torch.uint8, device=_device())
+    t = torch.zeros(size + 1, dtype=torch.uint8, device=_device(group))
     t[0] = len(raw)
     t[1 : 1 + len(raw)] = torch.tensor(list(raw), dtype=torch.uint8)
-    dist.broadcast(t, src=0)
+    dist.broadcast(t, src=0, group=group)
     n = int(t[0].item())
     return bytes(t[1 : 1 + n].cpu().tolist()).decode("ascii")
 
@@ -228,7 +241,7 @@ def leader_first(fn: Callable[[], T]) -> T:
     return fn() if not world.leader else result  # type: ignore[return-value]
 
 
-def gather_text(text: str) -> list[str]:
+def gather_text(text: str, *, group: dist.ProcessGroup | None = None) -> list[str]:
     """Every rank's ``text`` (UTF-8), in rank order, on every rank.
 
     Two collectives: the longest length, then one fixed-size byte buffer per
@@ -237,13 +250,13 @@ def gather_text(text: str) -> list[str]:
     if not current().distributed:
         return [text]
     raw = text.encode()
-    longest = _reduce([len(raw)], "max")[0]
-    mine = torch.zeros(longest + 8, dtype=torch.uint8, device=_device())
+    longest = _reduce([len(raw)], "max", group)[0]
+    mine = torch.zeros(longest + 8, dtype=torch.uint8, device=_device(group))
     mine[:8] = torch.tensor(list(len(raw).to_bytes(8, "big")), dtype=torch.uint8)
     if raw:
         mine[8 : 8 + len(raw)] = torch.tensor(list(raw), dtype=torch.uint8)
-    parts = [torch.empty_like(mine) for _ in range(dist.get_world_size())]
-    dist.all_gather(parts, mine)
+    parts = [torch.empty_like(mine) for _ in range(dist.get_world_size(group))]
+    dist.all_gather(parts, mine, group=group)
     out = []
     for part in parts:
         values = part.cpu().tolist()

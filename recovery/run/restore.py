@@ -25,7 +25,7 @@ from recovery.errors import (
 from recovery.format import bounded
 from recovery.format.layout import CONFIG_FILE, DISTRIBUTED
 from recovery.integrity.signing import TrustStore
-from recovery.parallel import multirank, sharded
+from recovery.parallel import loading, sharded
 from recovery.parallel import world as distributed
 from recovery.parallel.world import World
 from recovery.provenance import capture as prov
@@ -105,7 +105,7 @@ def resume_from(
     """Continue the run of ``loaded``: check drift, load every piece of state.
 
     A distributed checkpoint, or any resume inside a ``torchrun`` job, loads
-    through :func:`recovery.parallel.multirank.load_state` (resharding to ``world``;
+    through :func:`recovery.parallel.loading.load_state` (resharding to ``world``;
     RNG streams reseeded from ``seed`` when the world size changed).
 
     Raises:
@@ -139,7 +139,7 @@ def resume_from(
                 mismatches=problems,
                 path=loaded.path,
             )
-        resharded = multirank.load_state(
+        resharded = loading.load_state(
             state, loaded.decoded, loaded.files, loaded.path, world=world, seed=seed
         )
         restored = [n for n in state.names if n in loaded.components and n != dropped()]
@@ -271,7 +271,7 @@ def choose(
         exclude=exclude,
     )
     step = loaded.decoded.step if loaded is not None else -1
-    multirank.agree_on_resume(step, loaded.path if loaded else None, run_dir)
+    loading.agree_on_resume(step, loaded.path if loaded else None, run_dir)
     replaced = None
     if loaded is not None and history.foreign(past, loaded.manifest.recovery.get("run_id")):
         replaced = past.run_id

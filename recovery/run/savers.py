@@ -11,15 +11,18 @@ through the checkpointer.
 
 from __future__ import annotations
 
+import copy
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
+from pathlib import Path
 from typing import Any
 
-from recovery.format.layout import DISTRIBUTED
-from recovery.format.manifest import Manifest
+from recovery.format.manifest import FileRecord, Manifest
 from recovery.integrity.signing import Signer
 from recovery.parallel import multirank, sharded
+from recovery.parallel import world as distributed
+from recovery.parallel.collectives import WORLD, Collectives, Group
 from recovery.parallel.world import World
 from recovery.run import policy
 from recovery.run.job import SaveJob, Tensors, split
@@ -179,33 +182,120 @@ class Ranks(Inline):
         self.strategy = strategy
 
     def save(self, job: SaveJob, state: TrainState, *, waited: float, sync: bool = False) -> float:
-        """Write ``job`` on every rank; commit on rank 0.
+        """Write ``job`` on every rank; commit on rank 0; return the seconds it took.
 
         Raises:
             CommitError: some rank failed; the step is abandoned on every rank.
         """
         started = time.perf_counter()
-        tmp, groups, hashed = multirank.write_parts(state, job.final, self.world, job.step)
-        committed, pause = False, 0.0
-        try:
-            if self.world.leader:
-                names = [n for n in state.components if n not in sharded.SHARDED]
-                skeletons, tensors = split({n: state.components[n].state_dict() for n in names})
-                pause = self._write(
-                    job,
-                    skeletons,
-                    tensors,
-                    started,
-                    waited,
-                    mode="sync",
-                    tmp=tmp,
-                    adopt=multirank.adopted(tmp, hashed),
-                    extra_meta={DISTRIBUTED: multirank.describe(self.world, self.strategy, groups)},
-                )
-            committed = True
-        finally:
-            multirank.announce(self.world, committed, job.final, job.step)
+        replicated = split(self._replicated(state))
+        self._commit(job, multirank.live_parts(state), replicated, started, waited, mode="sync")
+        return time.perf_counter() - started
+
+    def _replicated(self, state: TrainState) -> dict[str, Any]:
+        """The components rank 0 writes for every rank (none on the others)."""
+        if not self.world.leader:
+            return {}
+        return {n: c.state_dict() for n, c in state.components.items() if n not in sharded.SHARDED}
+
+    def _commit(
+        self,
+        job: SaveJob,
+        parts: multirank.Parts,
+        replicated: tuple[dict[str, Any], Tensors],
+        started: float,
+        waited: float,
+        *,
+        mode: str,
+        pause: float | None = None,
+        comm: Collectives = WORLD,
+    ) -> None:
+        """The protocol, every collective over ``comm``; rank 0 adds ``replicated`` (skeletons,
+        tensors) and commits."""
+
+        def leader(tmp: Path, adopt: Sequence[str | FileRecord], meta: dict[str, Any]) -> None:
+            skeletons, tensors = replicated
+            self._write(
+                job,
+                skeletons,
+                tensors,
+                started,
+                waited,
+                mode=mode,
+                pause=pause,
+                tmp=tmp,
+                adopt=adopt,
+                extra_meta=meta,
+            )
+
+        multirank.save(
+            parts, job.final, self.world, job.step, strategy=self.strategy, commit=leader, comm=comm
+        )
+
+
+class RanksBackground(Ranks, Background):
+    """Under ``torchrun`` with ``checkpoint.async``: :class:`Ranks`' protocol, run on a
+    background thread per rank from :class:`Background`'s staging buffers.
+
+    Each rank's pause: DCP's view of model and optimizer, its RNG streams, and
+    the copy of its DCP tensors (its FSDP2 shards, or DDP's replicated
+    tensors) and, on rank 0, of the replicated components into the reused
+    buffers. Every rank stages the same step (the save decision is
+    collective): one consistent snapshot. The threads run the protocol over a
+    gloo group of their own (:class:`~recovery.parallel.collectives.Group`,
+    created here: collective), so their collectives never interleave with the
+    training thread's; rank 0 renames only after every rank agreed, so a rank
+    killed mid-save commits nothing. At most one save is in flight: the next
+    save, a preemption's save and :meth:`close` wait for it.
+    """
+
+    def __init__(self, signer: Signer, committed: Committed, world: World, strategy: str) -> None:
+        super().__init__(signer, committed, world, strategy)
+        self._group = Group.create(distributed.timeout())
+
+    def save(self, job: SaveJob, state: TrainState, *, waited: float, sync: bool = False) -> float:
+        """Stage ``state`` and write in the background; ``sync`` writes inline (preemption).
+
+        The caller has waited for the previous save (:meth:`wait`): the buffers are free.
+        """
+        if sync:
+            return super().save(job, state, waited=waited)
+        started = time.perf_counter()
+        live = multirank.live_parts(state)
+        tensors = self._staging.stage_tree(live.tensors, "dcp")
+        staged = self._staging.stage(self._replicated(state))  # also waits for the copies
+        parts = multirank.Parts(live.own, tensors, copy.deepcopy(live.groups))
+        replicated = (staged.skeletons, staged.tensors)
+        pause = time.perf_counter() - started
+
+        def run() -> Any:
+            begun = time.perf_counter()
+            self._commit(
+                job, parts, replicated, begun, waited, mode="async", pause=pause, comm=self._group
+            )
+            return job.final
+
+        self._writer.submit(run)
         return pause
+
+    def raise_if_failed(self) -> None:
+        """Raise a failed background save on every rank at the same step.
+
+        Ranks learn of a failure moments apart, and one raising a step before
+        another would leave that one in a collective with a rank that is gone.
+        So while a save is out (the same on every rank) they compare notes, one
+        all-reduce a step: if any rank's failed, or none is still running,
+        every rank collects its own (a failure is agreed: it fails on all).
+
+        Raises:
+            CommitError: the save in flight failed.
+        """
+        if not self._writer.outstanding:
+            return
+        running = self._writer.busy  # first: once seen done, `failed` is final
+        failed, running = distributed.any_of(self._writer.failed, running)
+        if failed or not running:
+            self.wait()
 
 
 def choose(
@@ -213,7 +303,8 @@ def choose(
 ) -> Inline:
     """The one place that decides where this run's saves run."""
     if world.distributed:
-        return Ranks(signer, committed, world, strategy)
+        kind = RanksBackground if async_save else Ranks
+        return kind(signer, committed, world, strategy)
     if async_save:
         return Background(signer, committed)
     return Inline(signer, committed)

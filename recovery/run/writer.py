@@ -34,6 +34,18 @@ class BackgroundWriter:
     def busy(self) -> bool:
         return self._pending is not None and not self._pending.done()
 
+    @property
+    def outstanding(self) -> bool:
+        """A save was submitted and its outcome not yet collected (:meth:`wait`,
+        :meth:`raise_if_failed`)."""
+        return self._pending is not None
+
+    @property
+    def failed(self) -> bool:
+        """The save submitted last has finished, and failed (not yet raised)."""
+        job = self._pending
+        return job is not None and job.done() and job.exception() is not None
+
     def raise_if_failed(self) -> None:
         """Raise the error of a finished background save, once."""
         job = self._pending
@@ -43,8 +55,10 @@ class BackgroundWriter:
             if isinstance(err, StorageError):  # the storage itself: its own code and words
                 raise err
             if err is not None:
+                said = str(err).rstrip(".")
+                tail = "" if "intact" in said else ". Earlier checkpoints are intact"
                 raise CommitError(
-                    f"a background checkpoint save failed: {err}. Earlier checkpoints are intact.",
+                    f"a background checkpoint save failed: {said}{tail}.",
                     path=getattr(err, "path", None),
                 ) from err
 

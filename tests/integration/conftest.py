@@ -221,3 +221,35 @@ def run_killed_at(
         mark.unlink()
     out, _ = proc.communicate(timeout=180)
     return proc.returncode, out
+
+
+@pytest.fixture(scope="session")
+def job(tmp_path_factory, data_root, signer):
+    """``job(strategy, nproc)``: the uninterrupted torchrun run to STEPS (run once per key
+    and session: the reference of the distributed, async and elastic tests);
+    ``job(None, 1, seed=S)``: an uninterrupted single-process run with seed S."""
+    done: dict[tuple[str | None, int, int], object] = {}
+
+    def run(strategy, nproc, *, seed=0):
+        key = (strategy, nproc, seed)
+        if key not in done:
+            root = tmp_path_factory.mktemp(f"job-{strategy}-{nproc}-{seed}")
+            cmd = [
+                sys.executable,
+                *torchrun(nproc if strategy else None),
+                str(TRAIN),
+                f"checkpoint.root={root}",
+                f"recipe.data.root={data_root}",
+                *SMALL,
+                f"seed={seed}",
+                *([f"dist.strategy={strategy}"] if strategy else []),
+            ]
+            env = {**os.environ, KEY_ENV: str(signer.path)}
+            out = subprocess.run(
+                cmd, cwd=root, capture_output=True, text=True, timeout=300, env=env
+            )
+            assert out.returncode == 0, out.stdout + out.stderr
+            done[key] = root / "r"
+        return done[key]
+
+    return run

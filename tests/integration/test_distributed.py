@@ -3,12 +3,9 @@
 from __future__ import annotations
 
 import json
-import os
 import shutil
 import signal
 import statistics
-import subprocess
-import sys
 
 import pytest
 import torch
@@ -22,41 +19,10 @@ from recovery.parallel import sharded
 from recovery.run import resume
 from recovery.run.journal import effective_steps
 from recovery.tools.drill import flat_tensors
-from tests.integration.conftest import SMALL, STEPS, TRAIN, torchrun
+from tests.integration.conftest import SMALL, STEPS
 
 # SMALL's model: 200 users, 100 items, dim 32; checkpoints every 10 steps, the last 3 kept
 USERS, ITEMS, DIM = 200, 100, 32
-
-
-@pytest.fixture(scope="module")
-def job(tmp_path_factory, data_root, signer):
-    """``job(strategy, nproc)``: the uninterrupted torchrun run to STEPS (run once per key);
-    ``job(None, 1, seed=S)``: an uninterrupted single-process run with seed S."""
-    done: dict[tuple[str | None, int, int], object] = {}
-
-    def run(strategy, nproc, *, seed=0):
-        key = (strategy, nproc, seed)
-        if key not in done:
-            root = tmp_path_factory.mktemp(f"job-{strategy}-{nproc}-{seed}")
-            cmd = [
-                sys.executable,
-                *torchrun(nproc if strategy else None),
-                str(TRAIN),
-                f"checkpoint.root={root}",
-                f"recipe.data.root={data_root}",
-                *SMALL,
-                f"seed={seed}",
-                *([f"dist.strategy={strategy}"] if strategy else []),
-            ]
-            env = {**os.environ, KEY_ENV: str(signer.path)}
-            out = subprocess.run(
-                cmd, cwd=root, capture_output=True, text=True, timeout=300, env=env
-            )
-            assert out.returncode == 0, out.stdout + out.stderr
-            done[key] = root / "r"
-        return done[key]
-
-    return run
 
 
 def model_and_optimizer(step_dir, trust):

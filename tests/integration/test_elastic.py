@@ -179,17 +179,11 @@ def launcher(data_root, signer) -> Iterator[Launcher]:
         started.kill_all()
 
 
-@pytest.fixture(scope="module")
-def reference(tmp_path_factory, data_root, signer) -> Path:
-    """The uninterrupted 2-rank job (ddp) to STEPS, started once by ``torchrun --standalone``."""
-    root = tmp_path_factory.mktemp("elastic-reference")
-    runs = Launcher(data_root, signer.path)
-    try:
-        agent = runs.start(root, "reference", ["--standalone", "--nproc-per-node=2"])
-        assert runs.finish(agent, timeout=300) == [0], agent.output()
-    finally:
-        runs.kill_all()
-    return root / "r"
+@pytest.fixture
+def reference(job) -> Path:
+    """The uninterrupted 2-rank job (ddp) to STEPS (the session's, shared with the other
+    distributed tests)."""
+    return job("ddp", 2)
 
 
 def journal_events(run_dir: Path) -> list[dict]:

@@ -22,6 +22,7 @@ from recovery.format.manifest import FileRecord
 from recovery.integrity import commit, reader
 from recovery.parallel import multirank, sharded
 from recovery.parallel import world as distributed
+from recovery.parallel.collectives import Group
 from recovery.parallel.world import World
 from recovery.state import rng
 
@@ -85,6 +86,13 @@ def _collectives(rank: int, port: int, out: str) -> None:
             float(distributed.mean(torch.tensor(float(rank)))),
             distributed.gather_text("é" * (rank * 3)),
         ]
+        group = Group.create()  # the background thread's own group answers the same
+        results += [
+            group.all_ok(rank == 0),
+            group.broadcast_int(41 if world.leader else -1),
+            group.broadcast_text("step-00000030.tmp-0f" if world.leader else ""),
+            group.gather_text("é" * (rank * 3)),
+        ]
         with open(f"{out}.{rank}", "w") as fh:
             fh.write(repr(results))
     finally:
@@ -106,6 +114,10 @@ def test_collectives_agree_across_two_real_gloo_ranks(tmp_path):
             41,
             "step-00000030.tmp-0f",
             0.5,
+            ["", "ééé"],
+            False,
+            41,
+            "step-00000030.tmp-0f",
             ["", "ééé"],
         ]
 
@@ -208,11 +220,13 @@ def test_dcp_save_and_load_in_one_process_and_a_refused_load_changes_nothing(tmp
 @pytest.mark.parametrize(
     ("kwargs", "message"),
     [
-        ({"async_save": True, "warm_start_every": 0}, "checkpoint.async=true"),
-        ({"async_save": False, "warm_start_every": 5}, "warm_start_every"),
+        ({"warm_start_every": 5}, "warm_start_every"),
+        ({"warm_start_every": 0, "hash_type": "blake3"}, "checkpoint.hash=blake3"),
     ],
 )
 def test_options_the_distributed_protocol_lacks_are_refused_by_name(kwargs, message):
+    two = World(rank=0, size=2, distributed=True)
     multirank.check_supported(distributed.SINGLE, async_save=True, warm_start_every=5)
+    multirank.check_supported(two, async_save=True, warm_start_every=0)  # async: supported
     with pytest.raises(ConfigError, match=message):
-        multirank.check_supported(World(rank=0, size=2, distributed=True), **kwargs)
+        multirank.check_supported(two, async_save=False, **kwargs)
