@@ -43,4 +43,4 @@ bench: $(STAMP)
 
 # The distributed commit against DCP alone, in one 2-rank torchrun job (gloo on CPU).
 bench-dist: $(STAMP)
-	$(BIN)/python benchmarks/bench_distributed.py --nproc 2 --size-mb 256 --runs 5
+	$(BIN)/python benchmarks/bench_distributed.py --nproc 2 --size-mb 256 --runs 5 --json .bench-dist.json

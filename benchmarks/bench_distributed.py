@@ -17,8 +17,9 @@ to the end:
   0's replicated state, the signature, the rename). Retention keeps two of
   ours; each DCP baseline is deleted after its run;
 - ``DCP async_save pause``: how long ``torch.distributed.checkpoint.async_save``
-  (over a gloo group of its own) holds the caller, until it returns; the
-  write it starts is waited for outside the timing;
+  (over a gloo group of its own, one ``DefaultStager`` reused for every call
+  so its staging buffers are reused as ours are) holds the caller, until it
+  returns; the write it starts is waited for outside the timing;
 - ``ours async pause``: how long ``Checkpointer.save`` with ``checkpoint.async=true``
   holds the training thread (each rank's copy into its staging buffers); the
   background commit is waited for (``flush``) outside the timing.
@@ -119,6 +120,13 @@ def worker(args: argparse.Namespace) -> None:
     def ours(i: int) -> None:
         ckpt.save(state, i + 1)
 
+    # one stager for every async_save, so DCP reuses its staging buffers across saves as
+    # ours does (its default makes a new one each call: fresh host memory for the whole
+    # state every save); pinned memory and async staging need CUDA, absent here
+    from torch.distributed.checkpoint.staging import DefaultStager, StagingOptions
+
+    stager = DefaultStager(StagingOptions(False, False, False, False))
+
     def dcp_async(i: int) -> None:
         msd, osd = get_state_dict(model, opt)
         pending.append(
@@ -126,6 +134,7 @@ def worker(args: argparse.Namespace) -> None:
                 {"model": msd, "optimizer": osd["state"]},
                 storage_writer=FileSystemWriter(root / f"dcp-async-{i}", sync_files=True),
                 process_group=dcp_group,
+                async_stager=stager,
             )
         )
 
@@ -140,9 +149,12 @@ def worker(args: argparse.Namespace) -> None:
     def finish_ours_async(i: int) -> None:
         ckpt_async.flush()
 
+    def finish_ours(i: int) -> None:
+        ckpt.flush()  # retention's deletions run in the background: not into the next timing
+
     methods = (
         ("DCP save", dcp_only, None),
-        ("ours (distributed commit)", ours, None),
+        ("ours (distributed commit)", ours, finish_ours),
         ("DCP async_save pause", dcp_async, finish_dcp_async),
         ("ours async pause", ours_async, finish_ours_async),
     )
@@ -168,6 +180,7 @@ def worker(args: argparse.Namespace) -> None:
             )
             shutil.rmtree(root / f"dcp-{i}")  # retention keeps ours to two
     ckpt_async.close()
+    stager.close()
     if world.leader:
         Path(args.out).write_text(
             json.dumps({"times": times, "bytes": nbytes, "world": world.size, "layers": layers})

@@ -47,7 +47,8 @@ class Reaper:
                 log.warning("could not delete %s; the next start removes it", trash)
 
     def close(self) -> None:
-        """Wait for every deletion handed over so far, then stop the thread."""
+        """Wait for every deletion handed over so far, then stop the thread (a later
+        :meth:`reap` starts another)."""
         with self._lock:
             thread, self._thread = self._thread, None
         if thread is not None:

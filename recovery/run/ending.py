@@ -66,12 +66,16 @@ class Ending(Restoring):
         log.info("%s %s committed (%.3fs)", job.purpose, job.final, cost.write_s)
 
     def flush(self) -> None:
-        """Wait until the background save in flight (if any) is committed.
+        """Wait until the background save in flight (if any) is committed, and the
+        checkpoints retention retired are deleted.
 
         Raises:
             CommitError: it failed.
         """
-        self.pause_s += self._saver.wait()
+        try:
+            self.pause_s += self._saver.wait()
+        finally:
+            self._reaper.close()
 
     def close(self) -> None:
         """Flush the save in flight, stop the background thread, record the run's costs.
