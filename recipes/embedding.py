@@ -12,6 +12,7 @@ import logging
 from dataclasses import dataclass, field
 from functools import partial
 from pathlib import Path
+from typing import Any
 
 import torch
 from omegaconf import DictConfig
@@ -34,6 +35,11 @@ FIXED_ON_RESUME = {
     "recipe.optim.weight_decay": "the optimizer's state",
 }
 """Keys a resume restores from the checkpoint, whatever the command line says."""
+
+SPARSE_OPTIMIZER = "sparse_optimizer"
+SPARSE_SCHEDULER = "sparse_scheduler"
+"""With ``recipe.optim.sparse``: the tables' SparseAdam and its schedule, registered beside
+``optimizer`` (the dense parameters' Adam) and ``scheduler``."""
 
 
 @dataclass(kw_only=True)
@@ -59,8 +65,19 @@ class OptimConfig:
     """Linear warmup length, in optimizer steps."""
     min_lr_ratio: float = 0.05
     """Cosine decay floor as a fraction of ``lr``."""
+    sparse: bool = False
+    """``recipe.optim.sparse``: embedding tables with sparse gradients
+    (``nn.Embedding(sparse=True)``) trained by ``torch.optim.SparseAdam``, which updates
+    only the rows a batch touched (the moments of the others stay as they are, unlike
+    dense Adam's); the dense global bias keeps Adam. Both follow the same LR schedule.
+    Single process only for now."""
 
     def __post_init__(self) -> None:
+        if self.sparse and self.weight_decay:
+            raise ConfigError(
+                f"recipe.optim.weight_decay: {self.weight_decay} with recipe.optim.sparse=true; "
+                "SparseAdam has no weight decay: set recipe.optim.weight_decay=0"
+            )
         if self.lr <= 0:
             raise ConfigError(f"recipe.optim.lr: must be positive, got {self.lr}")
         if self.warmup_steps < 0:
@@ -87,12 +104,14 @@ class EmbeddingConfig:
 class DotProduct(nn.Module):
     """score(u, i) = <drop(E_u), drop(E_i)> + b_u + b_i + b."""
 
-    def __init__(self, num_users: int, num_items: int, dim: int, dropout: float) -> None:
+    def __init__(
+        self, num_users: int, num_items: int, dim: int, dropout: float, *, sparse: bool = False
+    ) -> None:
         super().__init__()
-        self.user = nn.Embedding(num_users, dim)
-        self.item = nn.Embedding(num_items, dim)
-        self.user_bias = nn.Embedding(num_users, 1)
-        self.item_bias = nn.Embedding(num_items, 1)
+        self.user = nn.Embedding(num_users, dim, sparse=sparse)
+        self.item = nn.Embedding(num_items, dim, sparse=sparse)
+        self.user_bias = nn.Embedding(num_users, 1, sparse=sparse)
+        self.item_bias = nn.Embedding(num_items, 1, sparse=sparse)
         # shape (1,), not (): FSDP2 shards along dim 0 and refuses scalars
         self.bias = nn.Parameter(torch.zeros(1))
         self.drop = nn.Dropout(dropout)
@@ -100,6 +119,10 @@ class DotProduct(nn.Module):
         nn.init.normal_(self.item.weight, std=0.1)
         nn.init.zeros_(self.user_bias.weight)
         nn.init.zeros_(self.item_bias.weight)
+
+    def tables(self) -> list[nn.Embedding]:
+        """The embedding tables (every parameter but the global bias)."""
+        return [self.user, self.item, self.user_bias, self.item_bias]
 
     def forward(self, users: torch.Tensor, items: torch.Tensor) -> torch.Tensor:
         u = self.drop(self.user(users))
@@ -157,16 +180,27 @@ def build(
     rank's random streams are then seeded apart, from (seed, 0, rank).
     """
     seed_everything(seed)
-    model = DotProduct(rc.data.num_users, rc.data.num_items, rc.model.dim, rc.model.dropout)
-    net = common.parallelize(model, world, strategy, parts=[model.user, model.item])
-    opt = torch.optim.Adam(model.parameters(), lr=rc.optim.lr, weight_decay=rc.optim.weight_decay)
-    sched = torch.optim.lr_scheduler.LambdaLR(
-        opt, warmup_cosine(rc.optim.warmup_steps, total_steps, rc.optim.min_lr_ratio)
+    sparse = rc.optim.sparse
+    model = DotProduct(
+        rc.data.num_users, rc.data.num_items, rc.model.dim, rc.model.dropout, sparse=sparse
     )
+    net = common.parallelize(model, world, strategy, parts=[model.user, model.item])
+    schedule = warmup_cosine(rc.optim.warmup_steps, total_steps, rc.optim.min_lr_ratio)
+    tables = [p for t in model.tables() for p in t.parameters()]
+    dense = [model.bias] if sparse else list(model.parameters())
+    opt = torch.optim.Adam(dense, lr=rc.optim.lr, weight_decay=rc.optim.weight_decay)
+    sched = torch.optim.lr_scheduler.LambdaLR(opt, schedule)
+    extra: dict[str, Any] = {}
+    if sparse:
+        tables_opt = torch.optim.SparseAdam(tables, lr=rc.optim.lr)
+        extra = {
+            SPARSE_OPTIMIZER: tables_opt,
+            SPARSE_SCHEDULER: torch.optim.lr_scheduler.LambdaLR(tables_opt, schedule),
+        }
     sampler = ResumableSampler(data.num_train, rc.batch_size, seed)
     if world.distributed:
         distributed.reseed(seed, 0, world.rank)
-    return net, TrainState(model=model, optimizer=opt, scheduler=sched, sampler=sampler)
+    return net, TrainState(model=model, optimizer=opt, scheduler=sched, sampler=sampler, **extra)
 
 
 def model_config(rc: EmbeddingConfig) -> dict[str, object]:
@@ -191,13 +225,20 @@ def run(cfg: DictConfig) -> int:
             f"recipe.batch_size: {rc.batch_size} does not split over {world.size} ranks; "
             "choose a multiple of the world size"
         )
+    if rc.optim.sparse and world.distributed:
+        raise ConfigError(
+            "recipe.optim.sparse=true is not supported under torchrun yet (sparse gradients "
+            "across ranks); run it in one process, or set recipe.optim.sparse=false"
+        )
     data = distributed.leader_first(partial(load, rc.data))
     net, state = build(
         rc, data, seed=int(cfg.seed), total_steps=train.steps, world=world, strategy=strategy
     )
     model = state.components["model"]
     opt = state.components["optimizer"]
-    sched = state.components["scheduler"]
+    opts = [opt, *([state.components[SPARSE_OPTIMIZER]] if rc.optim.sparse else [])]
+    scheds = [state.components["scheduler"]]
+    scheds += [state.components[SPARSE_SCHEDULER]] if rc.optim.sparse else []
     sampler: ResumableSampler = state.components["sampler"]
     # summed, then divided by the *global* batch size and scaled by the world size: DDP/FSDP
     # average gradients over ranks, so this is the global batch's mean gradient even when
@@ -210,10 +251,13 @@ def run(cfg: DictConfig) -> int:
         lr = float(opt.param_groups[0]["lr"])
         logits = net(data.users[index], data.items[index])
         loss = loss_fn(logits, data.labels[index]) * (world.size / len(ids))
-        opt.zero_grad(set_to_none=True)
+        for o in opts:
+            o.zero_grad(set_to_none=True)
         loss.backward()
-        opt.step()
-        sched.step()
+        for o in opts:
+            o.step()
+        for sched in scheds:
+            sched.step()
         # the global batch's loss (the mean over ranks), the same number at any world size
         return common.StepResult(epoch, ids.tolist(), float(distributed.mean(loss).item()), lr)
 

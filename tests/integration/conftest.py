@@ -190,12 +190,15 @@ def assert_same_run(reference: Path, run_dir: Path, trust) -> None:
         for key in ("loss", "lr", "epoch", "batch"):
             assert got[step][key] == ref[step][key], f"step {step}: {key} differs"
     a, b = final_state(reference, trust), final_state(run_dir, trust)
-    for component in ("model", "optimizer"):
+    assert a.keys() == b.keys()
+    optimizers = [name for name in ("optimizer", "sparse_optimizer") if name in a]
+    for component in ("model", *optimizers):
         flat_a, flat_b = flat_tensors(a[component]), flat_tensors(b[component])
         assert flat_a.keys() == flat_b.keys()
         for key in flat_a:
             assert torch.equal(flat_a[key], flat_b[key]), f"{component} {key} differs"
     assert a["sampler"] == b["sampler"] and a["scheduler"] == b["scheduler"]
+    assert a.get("sparse_scheduler") == b.get("sparse_scheduler")
     assert torch.equal(a["rng"]["torch"], b["rng"]["torch"])
 
 

@@ -9,7 +9,7 @@ import pytest
 from recovery import cli
 from recovery.format.layout import scan, step_dir_name
 from recovery.run.journal import read
-from tests.integration.conftest import assert_same_run
+from tests.integration.conftest import assert_same_run, final_state
 
 pytestmark = pytest.mark.integration
 
@@ -39,6 +39,24 @@ def test_sigkill_between_checkpoints_then_resume_is_bit_identical(
     assert resumes[-1]["step"] == expect_from
     assert resumes[-1]["from"].endswith(step_dir_name(expect_from))
     assert_same_run(reference, second.run_dir, trust)
+
+
+def test_a_sparse_embedding_run_killed_and_resumed_is_bit_identical(tmp_path, trainer, trust):
+    """recipe.optim.sparse=true: the tables' SparseAdam (which moves only the rows a batch
+    touched) and the bias's Adam, each with its schedule, resume exactly mid-epoch."""
+    reference = trainer(tmp_path / "ref", "recipe.optim.sparse=true")
+    assert reference.returncode == 0, reference.output
+    first = trainer(tmp_path / "job", "recipe.optim.sparse=true", pause_at="step-45")
+    assert first.returncode == -9
+    second = trainer(tmp_path / "job", "recipe.optim.sparse=true", "+resume=latest")
+    assert second.returncode == 0, second.output
+    resumes = [r for r in read(second.run_dir / "metrics.jsonl") if r.get("event") == "resume"]
+    assert resumes[-1]["step"] == 40
+    state = final_state(second.run_dir, trust)
+    assert {"sparse_optimizer", "sparse_scheduler"} <= state.keys()
+    moments = state["sparse_optimizer"]["state"]
+    assert len(moments) == 4  # user, item and both bias tables: SparseAdam's rows
+    assert_same_run(reference.run_dir, second.run_dir, trust)
 
 
 @pytest.mark.parametrize("phase", ["write", "before-manifest", "before-rename"])

@@ -51,3 +51,11 @@ def test_purpose_yaml_matches_the_library_contracts():
     cfg = composed()
     for name, spec in BUILTIN.items():
         assert typed(PurposeSpec, cfg.purposes[name], key=name) == spec
+
+
+def test_a_sparse_recipe_refuses_weight_decay_by_name():
+    from recipes.embedding import OptimConfig
+
+    with pytest.raises(ConfigError, match="recipe.optim.weight_decay.*SparseAdam has no weight"):
+        OptimConfig(sparse=True, weight_decay=0.01)
+    assert OptimConfig(sparse=True).sparse
