@@ -63,3 +63,20 @@ def test_dvc_bookkeeping_is_not_a_change_of_code(tmp_path):
     assert code_revision(tmp_path)["dirty"] is False
     (tmp_path / "train.py").write_text("b\n")
     assert code_revision(tmp_path)["dirty"] is True
+
+
+def test_the_dependency_lock_reads_the_same_names_as_the_metadata_parser(tmp_path):
+    """The fast header read records exactly what the e-mail parser would: a resume of a
+    checkpoint captured either way sees no dependency drift."""
+    import importlib.metadata
+
+    from recovery.provenance.dependencies import dependency_lock
+
+    slow = sorted(
+        {
+            f"{(d.metadata['Name'] or '?').lower().replace('_', '-')}=={d.version}"
+            for d in importlib.metadata.distributions()
+        }
+    )
+    assert dependency_lock(tmp_path)["packages"] == slow
+    assert any(name.startswith("torch==") for name in slow)
