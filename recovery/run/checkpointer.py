@@ -178,15 +178,19 @@ class Checkpointer(Ending):
             CommitError: a background save failed (raised at the first step after it did).
             Preempted: a preemption signal arrived; a checkpoint of ``step`` is committed.
         """
-        self._saver.raise_if_failed()
         if self._first_step:
             self._first_step = False
             self._event(cadence.first_step(step, resumed=self.resumed_from is not None))
         every = self.cfg.warm_start_every
         milestone = every > 0 and step % every == 0
         preempt = self.preemption is not None and self.preemption.requested is not None
-        # every rank must take the same decision: one collective (a no-op for one process)
-        preempt, due = distributed.any_of(preempt, self.cadence.due(step))
+        # every rank must take the same decisions (whether to save, whether a background
+        # save failed somewhere): one collective a step (a no-op for one process)
+        failed, running = self._saver.status()
+        preempt, due, failed, running = distributed.any_of(
+            preempt, self.cadence.due(step), failed, running
+        )
+        self._saver.settle(failed=failed, running=running)
         path = None
         if preempt or milestone or due:
             values = self._metrics(metrics, step)

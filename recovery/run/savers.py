@@ -109,6 +109,20 @@ class Inline:
     def raise_if_failed(self) -> None:
         """Raise a finished save's failure (an inline save raises where it runs)."""
 
+    def status(self) -> tuple[bool, bool]:
+        """``(failed, running)`` of the save in flight, as this rank sees it, for the
+        checkpointer's one per-step collective (``any_of``); then :meth:`settle`."""
+        return False, False
+
+    def settle(self, *, failed: bool, running: bool) -> None:
+        """Given :meth:`status` on any rank: raise a finished save's failure (one process:
+        this one's own).
+
+        Raises:
+            CommitError: a background save failed.
+        """
+        self.raise_if_failed()
+
     def close(self) -> float:
         """Finish; return the seconds waited."""
         return 0.0
@@ -278,24 +292,32 @@ class RanksBackground(Ranks, Background):
         self._writer.submit(run)
         return pause
 
-    def raise_if_failed(self) -> None:
+    def status(self) -> tuple[bool, bool]:
+        """This rank's ``(failed, running)`` while a save is out (the same on every rank)."""
+        if not self._writer.outstanding:
+            return False, False
+        running = self._writer.busy  # first: once seen done, `failed` is final
+        return self._writer.failed, running
+
+    def settle(self, *, failed: bool, running: bool) -> None:
         """Raise a failed background save on every rank at the same step.
 
         Ranks learn of a failure moments apart, and one raising a step before
         another would leave that one in a collective with a rank that is gone.
-        So while a save is out (the same on every rank) they compare notes, one
-        all-reduce a step: if any rank's failed, or none is still running,
-        every rank collects its own (a failure is agreed: it fails on all).
+        So while a save is out the ranks compare notes in the checkpointer's
+        per-step collective (no collective of its own): if any rank's failed, or
+        none is still running, every rank collects its own (a failure is agreed:
+        it fails on all).
 
         Raises:
             CommitError: the save in flight failed.
         """
-        if not self._writer.outstanding:
-            return
-        running = self._writer.busy  # first: once seen done, `failed` is final
-        failed, running = distributed.any_of(self._writer.failed, running)
-        if failed or not running:
+        if self._writer.outstanding and (failed or not running):
             self.wait()
+
+    def raise_if_failed(self) -> None:
+        """Not on its own under torchrun: every rank must raise at the same step
+        (:meth:`settle`, given the ranks' :meth:`status`)."""
 
 
 def choose(
