@@ -80,6 +80,33 @@ class DvcConfig:
 
 
 @dataclass(kw_only=True)
+class DifferentialConfig:
+    """``checkpoint.differential``: checkpoints that write only the table rows that changed."""
+
+    enabled: bool = False
+    """Write a *delta* (the rows of each large table, parameters and optimizer state, that
+    differ from the last full checkpoint, its *base*) instead of a full checkpoint."""
+    full_every: int = 10
+    """Every this many saves is a full base (1: every save; the others are deltas of it)."""
+    min_mb: float = 1.0
+    """A tensor with at least this many MiB (and rows) is compared row by row; smaller
+    ones are written whole."""
+
+    def __post_init__(self) -> None:
+        bounds = (("full_every", self.full_every, 1, " (1: every save is full)"),)
+        for key, value, low, hint in (*bounds, ("min_mb", self.min_mb, 0, "")):
+            if value < low:
+                raise ConfigError(
+                    f"checkpoint.differential.{key}: must be >= {low}{hint}, got {value}"
+                )
+
+    @property
+    def min_bytes(self) -> int:
+        """``min_mb`` in bytes."""
+        return int(self.min_mb * (1 << 20))
+
+
+@dataclass(kw_only=True)
 class CheckpointConfig:
     """Where and when checkpoints are written, and which are kept."""
 
@@ -124,6 +151,9 @@ class CheckpointConfig:
     """Every file's digest: ``sha256`` (what the ``model_signing verify key`` CLI checks)
     or ``blake3`` (about 4x faster per core; verified by model-signing's Python API and
     by recovery; needs ``recovery[blake3]``)."""
+
+    differential: DifferentialConfig = field(default_factory=DifferentialConfig)
+    """Differential checkpoints (deltas of a full base)."""
 
     ALIASES: ClassVar[dict[str, str]] = {"async": "async_save"}
 

@@ -22,7 +22,8 @@ and what to do. Only ``recovery.cli`` maps these classes to exit codes.
     │   ├── DigestMismatchError                 sha256 differs from the manifest
     │   ├── SignatureError                      bundle malformed or signature invalid
     │   ├── UntrustedSignerError                valid bundle, signer not in the trust store
-    │   └── ForeignCheckpointError              another run's checkpoint in this run's directory
+    │   ├── ForeignCheckpointError              another run's checkpoint in this run's directory
+    │   └── BrokenChainError                    a delta's base is missing, damaged or replaced
     ├── FormatError(ValueError)                 verified bytes that do not decode
     ├── PurposeError(ValueError)                artifact's purpose cannot serve the requested use
     ├── DriftError(ValueError)                  strict resume refused: code/deps/data/config changed
@@ -114,6 +115,19 @@ class DigestMismatchError(VerificationError):
 
 class SignatureError(VerificationError):
     """The signature bundle is malformed, or its signature does not verify."""
+
+
+class BrokenChainError(VerificationError):
+    """A differential checkpoint (a delta) cannot be used: the full checkpoint it names as
+    its base is missing, fails verification, or is not the one it signed (another digest).
+
+    Attributes:
+        base: the base's directory.
+    """
+
+    def __init__(self, message: str, *, base: str | Path, path: str | Path | None = None) -> None:
+        super().__init__(message, path=path)
+        self.base = Path(base)
 
 
 class UntrustedSignerError(VerificationError):

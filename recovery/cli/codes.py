@@ -19,6 +19,7 @@ EXIT_CODES: list[tuple[type[BaseException], int, str]] = [
     (errors.SignatureError, 16, "signature bundle malformed or signature invalid"),
     (errors.UntrustedSignerError, 17, "signer not in the trust store"),
     (errors.ForeignCheckpointError, 24, "a checkpoint of another run in this run's directory"),
+    (errors.BrokenChainError, 29, "a differential checkpoint's base is missing or damaged"),
     (errors.VerificationError, 15, "verification failed"),
     (errors.PurposeError, 18, "artifact's purpose cannot serve the requested use"),
     (errors.RollbackError, 25, "strict resume refused: the run's newest commit is gone"),

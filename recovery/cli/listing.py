@@ -40,6 +40,7 @@ VERDICTS: dict[type[errors.RecoveryError], str] = {
     errors.UnreadableFileError: "UNREADABLE: {file}",
     errors.FormatError: "UNDECODABLE: {file}",
     errors.PurposeError: "INCOMPLETE: lacks what its purpose requires",
+    errors.BrokenChainError: "BROKEN CHAIN: its base {base} is missing or damaged",
 }
 
 
@@ -51,7 +52,8 @@ def verdict(err: errors.RecoveryError, ckpt: Path) -> str:
     for cls in type(err).__mro__:
         if cls in VERDICTS:
             key, run = getattr(err, "key_id", "")[:12], getattr(err, "run_id", "")[:8]
-            return VERDICTS[cls].format(file=file.as_posix(), key=key, run=run)
+            base = getattr(err, "base", Path()).name
+            return VERDICTS[cls].format(file=file.as_posix(), key=key, run=run, base=base)
     return "FAILED: " + next(what for cls, _, what in EXIT_CODES if isinstance(err, cls))
 
 
@@ -68,7 +70,10 @@ def ls_row(path: Path, args: argparse.Namespace, trust: Any) -> dict[str, Any]:
             row["key_id"] = err.key_id
         return row
     metrics = loaded.decoded.meta.get("metrics", {})
-    row.update(purpose=loaded.manifest.purpose, verified=True, status="ok", summary="ok")
+    delta = loaded.delta
+    summary = f"ok, delta of {delta['base']}" if delta is not None else "ok"
+    row.update(purpose=loaded.manifest.purpose, verified=True, status="ok", summary=summary)
+    row["base"] = delta["base"] if delta is not None else None
     row.update(size=sum(r.size for r in loaded.manifest.files), loss=metrics.get("loss"))
     row["signer"] = signer_of(loaded)
     return row

@@ -40,15 +40,36 @@ def cmd_verify(args: argparse.Namespace) -> int:
         "files": len(mf.files),
         "sha256": mf.root,
         "signer": signer_of(loaded),
+        "delta": loaded.delta,
     }
+    chain = (
+        f"; a delta of {loaded.delta['base']} (verified too)" if loaded.delta is not None else ""
+    )
     emit(
         args,
         data,
         f"OK {loaded.path}: step {loaded.decoded.step}, purpose {mf.purpose}, "
         f"{len(mf.files)} files verified, signed by {signer_text(data['signer'])}, "
-        f"sha256 {mf.root}",
+        f"sha256 {mf.root}{chain}",
     )
     return 0
+
+
+def delta_lines(delta: dict[str, Any] | None) -> list[str]:
+    """``inspect``'s lines about a delta: its base, bytes against the base's, and each
+    patched table's changed rows."""
+    if delta is None:
+        return ["kind        full checkpoint"]
+    ratio = delta["bytes"] / delta["base_bytes"] if delta["base_bytes"] else 0.0
+    return [
+        f"kind        delta {delta['sequence']} of {delta['base']} (step {delta['base_step']}, "
+        f"sha256 {delta['base_sha256']})",
+        f"bytes       {delta['bytes']} ({ratio:.1%} of its base's {delta['base_bytes']})",
+        *(
+            f"  changed   {key}: {changed} of {rows} rows"
+            for key, (changed, rows) in sorted(delta["tables"].items())
+        ),
+    ]
 
 
 def cmd_inspect(args: argparse.Namespace) -> int:
@@ -76,6 +97,7 @@ def cmd_inspect(args: argparse.Namespace) -> int:
         "code": prov.get("code"),
         "dataset": prov.get("dataset"),
         "config_sha256": prov.get("config", {}).get("sha256"),
+        "delta": loaded.delta,
     }
     code = prov.get("code") or {}
     lines = [
@@ -85,6 +107,7 @@ def cmd_inspect(args: argparse.Namespace) -> int:
         f"run id      {data['run_id']}",
         f"signer      {signer_text(data['signer'])}",
         f"components  {', '.join(loaded.components)}",
+        *delta_lines(loaded.delta),
         *(f"absent      {name}: {why}" for name, why in sorted(data["absent"].items())),
         f"parameters  sha256 {data['parameters_sha256']}",
         f"metrics     {json.dumps(data['metrics'], sort_keys=True)}",
@@ -114,6 +137,8 @@ def audit_text(report: audit.Report) -> str:
         parts = [f"{marks[link.status]} {arrow}{link.name}", f"step {link.step}"]
         if link.purpose:
             parts.append(link.purpose)
+        if link.base:
+            parts.append(f"delta of {link.base['name']}")
         if link.run_id:
             parts.append(f"run {str(link.run_id)[:8]}")
         if link.status == audit.OK and link.imported:

@@ -243,7 +243,12 @@ def _abandon(tmp: Path, world: World) -> None:
 
 
 def check_supported(
-    world: World, *, async_save: bool, warm_start_every: int, hash_type: str = "sha256"
+    world: World,
+    *,
+    async_save: bool,
+    warm_start_every: int,
+    hash_type: str = "sha256",
+    differential: bool = False,
 ) -> None:
     """Refuse the options the distributed protocol does not implement yet, by name.
 
@@ -256,6 +261,11 @@ def check_supported(
         raise ConfigError(
             f"checkpoint.hash={hash_type} is not supported under torchrun yet (each rank "
             "hashes its DCP shards with sha256); set checkpoint.hash=sha256"
+        )
+    if differential:
+        raise ConfigError(
+            "checkpoint.differential.enabled=true is not supported under torchrun yet (DCP "
+            "writes each rank's shards whole); set checkpoint.differential.enabled=false"
         )
     if warm_start_every:
         raise ConfigError(

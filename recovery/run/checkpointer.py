@@ -40,6 +40,7 @@ from recovery.run import cadence, retention, savers
 from recovery.run import job as job_mod
 from recovery.run import restore as begin
 from recovery.run.cadence import Cadence
+from recovery.run.differential import Differential, Plan
 from recovery.run.ending import Ending
 from recovery.run.job import SaveJob
 from recovery.run.journal import Journal
@@ -112,6 +113,7 @@ class Checkpointer(Ending):
             async_save=cfg.async_save,
             warm_start_every=cfg.warm_start_every,
             hash_type=cfg.hash,
+            differential=cfg.differential.enabled,
         )
         self.world = world
         self.seed = seed
@@ -139,6 +141,8 @@ class Checkpointer(Ending):
         """The run's id, lineage and links; a restore replaces it."""
         self.last_saved: int | None = None
         self.cadence = Cadence(cfg, final_step=final_step)
+        self.differential = Differential(cfg.differential)
+        """Which save is a full base and which a delta (``checkpoint.differential``)."""
         self._saver = savers.choose(
             async_save=cfg.async_save,
             world=world,
@@ -241,6 +245,7 @@ class Checkpointer(Ending):
             metrics,
             expect=state.expectations(step),
             absent=state.absent,
+            differential=self.differential.plan(),
         )
         self.pause_s += self._saver.save(job, state, waited=waited, sync=sync)
         self.last_saved = step
@@ -273,6 +278,7 @@ class Checkpointer(Ending):
         expect: dict[str, Any] | None = None,
         chained: bool = True,
         absent: dict[str, str] | None = None,
+        differential: Plan | None = None,
     ) -> SaveJob:
         return job_mod.build(
             final,
@@ -288,6 +294,7 @@ class Checkpointer(Ending):
             absent=absent,
             shard_bytes=self.cfg.shard_bytes,
             hash_type=self.cfg.hash,
+            differential=differential,
         )
 
     def _preempt(self, state: TrainState, step: int, metrics: dict[str, Any] | None) -> None:

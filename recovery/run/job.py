@@ -21,9 +21,10 @@ import torch
 
 from recovery.format import codec, digests
 from recovery.format.manifest import FileRecord, Manifest
-from recovery.integrity import commit
+from recovery.integrity import chain, commit
 from recovery.integrity.signing import Signer
 from recovery.provenance import purpose
+from recovery.run.differential import Plan
 from recovery.run.restore import Identity
 from recovery.state import snapshot
 
@@ -53,6 +54,8 @@ class SaveJob:
             by the contract instead of those components and signed in the statement.
         shard_bytes: components past this many tensor bytes go to shards (0: never).
         hash_type: every file's digest algorithm.
+        differential: a full base or a delta of the held base (``None``: differential
+            saves are off).
     """
 
     final: Path
@@ -66,6 +69,7 @@ class SaveJob:
     absent: dict[str, str] = field(default_factory=dict)
     shard_bytes: int = 0
     hash_type: str = digests.SHA256
+    differential: Plan | None = field(default=None, repr=False)
 
     def write(
         self,
@@ -89,27 +93,37 @@ class SaveJob:
             CommitError: the commit failed; any earlier checkpoint is intact.
         """
         meta = {**self.meta, **(extra_meta or {})}
+        statement = dict(self.statement)
+        written = tensors
+        if self.differential is not None:  # a delta: each table's changed rows only
+            written, record = self.differential.encode(tensors)
+            if record:
+                meta[snapshot.DIFFERENTIAL] = record
+                statement[chain.BASE] = record["base"]
         files = snapshot.encode_split(
             skeletons,
-            tensors,
+            written,
             step=self.step,
             meta=meta,
             config_yaml=self.config_yaml,
             shard_bytes=self.shard_bytes,
         )
-        have = snapshot.present(skeletons, meta, files, self.statement)
+        have = snapshot.present(skeletons, meta, files, statement)
         purpose.check_contract(
             self.purpose, self.requires, have, where=str(self.final), absent=self.absent
         )
-        return commit.commit(
+        mf = commit.commit(
             self.final,
             files,
-            {**self.statement, "components": have},
+            {**statement, "components": have},
             signer=signer,
             tmp=tmp,
             adopt=adopt,
             hash_type=self.hash_type,
         )
+        if self.differential is not None:
+            self.differential.committed(self.final, mf, tensors)
+        return mf
 
 
 @dataclass(frozen=True)
@@ -140,6 +154,7 @@ def build(
     absent: dict[str, str] | None = None,
     shard_bytes: int = 0,
     hash_type: str = digests.SHA256,
+    differential: Plan | None = None,
 ) -> SaveJob:
     """The save of ``step`` as of now: the statement carries the run's links at this step.
 
@@ -151,7 +166,8 @@ def build(
         interval: the cadence's description (how the interval was chosen).
         expect: what a resume must find (the continuation contract's checks).
         absent: the state's declared absences (recorded as the statement's ``absent``).
-        shard_bytes, hash_type: how its files are laid out and hashed (see :class:`SaveJob`).
+        shard_bytes, hash_type, differential: how its files are laid out and hashed, and
+            whether it is a base or a delta (see :class:`SaveJob`).
     """
     meta: dict[str, Any] = {"run_id": identity.run_id, "metrics": dict(metrics or {})}
     if carried.model_config is not None:
@@ -191,4 +207,5 @@ def build(
         absent=dict(absent or {}),
         shard_bytes=shard_bytes,
         hash_type=hash_type,
+        differential=differential,
     )

@@ -6,7 +6,7 @@ checkpointer only wires them to the filesystem.
 
 from __future__ import annotations
 
-from collections.abc import Iterable
+from collections.abc import Iterable, Mapping
 from typing import Any
 
 
@@ -24,7 +24,14 @@ def should_save(step: int, *, every_steps: int, final_step: int, last_saved: int
     return every_steps > 0 and step % every_steps == 0
 
 
-def to_delete(steps: Iterable[int], *, newest: int, keep_last: int, keep_every: int) -> list[int]:
+def to_delete(
+    steps: Iterable[int],
+    *,
+    newest: int,
+    keep_last: int,
+    keep_every: int,
+    bases: Mapping[int, int] | None = None,
+) -> list[int]:
     """Committed steps that retention may delete, oldest first.
 
     Args:
@@ -34,6 +41,11 @@ def to_delete(steps: Iterable[int], *, newest: int, keep_last: int, keep_every: 
         keep_last: how many of the most recent steps up to ``newest`` to keep.
         keep_every: steps that are multiples of this are milestones, kept
             forever (0 disables).
+        bases: differential checkpoints (deltas): step -> the step of its base. A kept
+            delta keeps its base. And since a damaged base takes every delta on it
+            down, when all of the most recent ``keep_last`` hang on one base the newest
+            checkpoint before that base is kept too (with its base): the fallback
+            ``keep_last >= 2`` promises stays independent of the newest base.
 
     Steps above ``newest`` are left alone: they belong to a branch this run
     abandoned by resuming from an earlier step, and are replaced as it goes.
@@ -41,10 +53,16 @@ def to_delete(steps: Iterable[int], *, newest: int, keep_last: int, keep_every: 
     present = sorted(set(steps))
     if newest not in present:
         return []
+    bases = bases or {}
     window = [s for s in present if s <= newest][-keep_last:] if keep_last > 0 else [newest]
     keep = set(window) | {newest}
     if keep_every > 0:
         keep |= {s for s in present if s % keep_every == 0}
+    roots = {bases.get(s, s) for s in window}
+    if len(roots) == 1 and keep_last > 1:
+        older = [s for s in present if s < min(roots)]
+        keep |= set(older[-1:])
+    keep |= {bases[s] for s in keep if s in bases}
     return [s for s in present if s not in keep and s < newest]
 
 

@@ -296,6 +296,7 @@ def resume_event(
         "run_id": ident.run_id,
         **({"replaced_run": replaced} if replaced else {}),
         "from": str(loaded.path),
+        **({"base": str(loaded.base.path)} if loaded.base is not None else {}),
         "step": ident.step,
         "skipped": [str(p) for p, _ in loaded.skipped],
         "drift": ident.drift,

@@ -30,6 +30,7 @@ from recovery.provenance import purpose
 from recovery.provenance.purpose import PurposeSpec
 from recovery.run import branches, resume, rundir
 from recovery.run import restore as begin
+from recovery.run.differential import Differential
 from recovery.run.journal import Journal
 from recovery.run.preemption import PreemptionGuard
 from recovery.run.watch import Watch
@@ -61,6 +62,7 @@ class Restoring:
     """Whether the checkpointer made its journal and its preemption guard (it closes them)."""
     _health: HealthConfig | None
     _watch: Watch | None
+    differential: Differential
 
     def restore(
         self,
@@ -180,6 +182,7 @@ class Restoring:
         )
         self.identity = ident
         self.last_saved = ident.step
+        self.differential.adopt(self.run_dir, loaded.verified, loaded.base, loaded.decoded)
         self._event(begin.resume_event(loaded, ident, self.world.size, replaced=replaced))
         return ident.step
 

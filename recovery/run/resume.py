@@ -14,6 +14,7 @@ bytes, then the artifact's own purpose contract.
 
 from __future__ import annotations
 
+import dataclasses
 import difflib
 import logging
 import os
@@ -21,6 +22,7 @@ import re
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
+from typing import Any
 
 import torch
 
@@ -36,7 +38,7 @@ from recovery.errors import (
 )
 from recovery.format.layout import BEST_DIR, scan, step_dir_name
 from recovery.format.manifest import Manifest
-from recovery.integrity import reader
+from recovery.integrity import chain, reader
 from recovery.integrity.signing import TrustStore
 from recovery.provenance import purpose
 from recovery.run import history
@@ -65,6 +67,36 @@ class Loaded:
     )
     skipped: list[tuple[Path, str]] = field(default_factory=list)
     """Newer checkpoints passed over (``latest`` only), with the reason for each."""
+    base: reader.Verified | None = field(repr=False, default=None)
+    """A delta's verified base (``None``: a full checkpoint)."""
+
+    @property
+    def delta(self) -> dict[str, Any] | None:
+        """What a delta is (``None``: a full checkpoint): its base's name, step and
+        digest, its place after the base, its own and its base's bytes, and per patched
+        table (``component/key``) its changed and total rows."""
+        if self.base is None:
+            return None
+        record = self.decoded.meta.get(snapshot.DIFFERENTIAL) or {}
+        tables = {
+            f"{name}/{key}": [int(t["changed"]), int(t["rows"])]
+            for name, patched in (record.get("tables") or {}).items()
+            for key, t in patched.items()
+        }
+        return {
+            "base": self.base.path.name,
+            "base_step": self.base.manifest.step,
+            "base_sha256": self.base.manifest.root,
+            "sequence": record.get("sequence"),
+            "bytes": sum(r.size for r in self.manifest.files),
+            "base_bytes": sum(r.size for r in self.base.manifest.files),
+            "tables": tables,
+        }
+
+    @property
+    def verified(self) -> reader.Verified:
+        """Its own verified files (a delta's, without the base's)."""
+        return reader.Verified(self.path, self.manifest, self.files)
 
 
 def parse_spec(spec: object, key: str = "+resume") -> str | int | Path:
@@ -121,15 +153,24 @@ def load(
     allow_untrusted: bool = False,
     defer: Callable[[str], bool] | None = None,
 ) -> Loaded:
-    """Verify signature, trust and every byte of ``path``, decode them, check its contract.
+    """Verify signature, trust and every byte of ``path`` (of a delta, and of its base,
+    fetched from DVC when only tracked there), decode them, check its contract.
 
     ``defer``: files verified only when read (:func:`recovery.integrity.reader.read_verified`).
 
     Raises:
-        VerificationError (and subclasses), FormatError, PurposeError.
+        VerificationError (and subclasses; BrokenChainError: a delta's base is missing,
+        damaged or replaced), FormatError, PurposeError.
     """
     verified = reader.read_verified(path, trust, allow_untrusted=allow_untrusted, defer=defer)
-    decoded = snapshot.decode(verified)
+    named = chain.base_of(verified.manifest, path)
+    if named is not None:
+        where = chain.base_path(path, named)
+        if not where.is_dir() and tracking.dvc_file(where).exists():
+            log.info("%s: its base %s is not on disk; fetching it from DVC", path, where.name)
+            tracking.materialize(where)
+    base = chain.read_base(path, verified.manifest, trust, allow_untrusted=allow_untrusted)
+    decoded = snapshot.decode(verified, base)
     rec = verified.manifest.recovery
     have = snapshot.present(decoded.tree, decoded.meta, verified.files, rec)
     purpose.check_contract(
@@ -139,7 +180,7 @@ def load(
         where=str(path),
         absent=rec.get("absent"),
     )
-    return Loaded(path, verified.manifest, decoded, have, files=verified.files)
+    return Loaded(path, verified.manifest, decoded, have, files=verified.files, base=base)
 
 
 def select(
@@ -258,9 +299,7 @@ def _latest(
         _rollback(past, loaded.decoded.step, strict, path=run_dir)
         if skipped:
             log.warning("RESUME FALLBACK: resuming from %s instead of %s", path, skipped[0][0])
-        return Loaded(
-            loaded.path, loaded.manifest, loaded.decoded, loaded.components, loaded.files, skipped
-        )
+        return dataclasses.replace(loaded, skipped=skipped)
     if foreign:
         raise ForeignCheckpointError(
             f"{run_dir}: holds no checkpoint of this run ({past.run_id}) that verifies, and "

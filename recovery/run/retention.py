@@ -19,7 +19,7 @@ from recovery.config import CheckpointConfig
 from recovery.errors import ConfigError, RecoveryError
 from recovery.format.layout import BEST_DIR, parse_step, scan, temp_dir_for
 from recovery.format.manifest import Manifest
-from recovery.integrity import commit, reader
+from recovery.integrity import chain, commit, reader
 from recovery.integrity.reaping import Reaper
 from recovery.integrity.signing import TrustStore
 from recovery.run import policy
@@ -62,6 +62,7 @@ def after_commit(
         keep_every=cfg.keep_every,
         retire=retire,
         reaper=reaper,
+        trust=trust,
     )
     return [s for s in (parse_step(p.name) for p in doomed) if s is not None]
 
@@ -94,11 +95,25 @@ def tidy_best(run_dir: Path) -> list[Path]:
     if not best_dir.is_dir():
         return []
     removed = commit.remove_stale(best_dir)
-    for _, old in scan(best_dir).committed[:-1]:
+    kept = scan(best_dir).committed
+    needed = _base_name(kept[-1][1]) if kept else None
+    for _, old in kept[:-1]:
+        if old.name == needed:
+            continue  # the base of the best (a delta)
         log.warning("removing %s: a best checkpoint superseded by a newer one", old)
         commit.discard(old)
         removed.append(old)
     return removed
+
+
+def _base_name(path: Path) -> str | None:
+    """The directory name of the base a checkpoint needs (``None``: full, or unreadable)."""
+    try:
+        mf = reader.read_manifest(path, TrustStore(), allow_untrusted=True)
+        base = chain.base_of(mf, path)
+    except RecoveryError:
+        return None
+    return base.name if base is not None else None
 
 
 def retain(
@@ -109,15 +124,24 @@ def retain(
     keep_every: int,
     retire: Callable[[Path], None] | None = None,
     reaper: Reaper | None = None,
+    trust: TrustStore | None = None,
 ) -> list[Path]:
     """Delete the committed checkpoints the policy no longer keeps; return them.
 
     ``retire`` (the DVC publisher's) removes a checkpoint in order with its
     registration; without it the directory is renamed away at once and its
-    files deleted here, or on ``reaper``'s thread.
+    files deleted here, or on ``reaper``'s thread. With ``trust``, each
+    checkpoint's signed statement is read for the base it needs (a delta's base is
+    kept while the delta is: :func:`~recovery.run.policy.to_delete`).
     """
     paths = dict(scan(run_dir).committed)
-    doomed = policy.to_delete(paths, newest=newest, keep_last=keep_last, keep_every=keep_every)
+    doomed = policy.to_delete(
+        paths,
+        newest=newest,
+        keep_last=keep_last,
+        keep_every=keep_every,
+        bases=bases_of(paths, trust) if trust is not None else None,
+    )
     for step in doomed:
         log.info("retention: removing %s", paths[step])
         if retire is None:
@@ -125,6 +149,23 @@ def retain(
         else:
             retire(paths[step])
     return [paths[step] for step in doomed]
+
+
+def bases_of(paths: dict[int, Path], trust: TrustStore) -> dict[int, int]:
+    """Each delta's base step, from its signed statement (only the signature is read).
+
+    A checkpoint whose statement does not verify names no base: it cannot serve a
+    resume, so it protects nothing.
+    """
+    out = {}
+    for step, path in paths.items():
+        try:
+            base = chain.base_of(reader.read_manifest(path, trust, allow_untrusted=True), path)
+        except RecoveryError:
+            continue
+        if base is not None:
+            out[step] = base.step
+    return out
 
 
 def keep_best(
@@ -160,23 +201,45 @@ def keep_best(
     if not policy.is_better(float(value), best_value, mode=mode):
         return False
     best_dir.mkdir(exist_ok=True)
-    tmp = temp_dir_for(best_dir / final.name)
-    shutil.copytree(final, tmp, copy_function=shutil.copyfile)
+    base = chain.base_of(mf, final)
+    if base is not None and not _holds(best_dir / base.name, base.digest, trust):
+        # a delta's copy needs its base beside it: copied first, an older best meanwhile
+        commit.discard(best_dir / base.name, reaper=reaper)
+        _copy(chain.base_path(final, base), best_dir)
+    _copy(final, best_dir, fault=f"best-copy-{mf.step}")
+    faults.reach(f"best-swap-{mf.step}")  # both committed, the old not yet removed
+    keep = {final.name, *([base.name] if base is not None else [])}
+    for old in current:
+        if old.name not in keep:
+            commit.discard(old, reaper=reaper)
+    commit.fsync_dir(best_dir)
+    log.info("best checkpoint: %s (%s %s %.6g)", final.name, metric, mode, float(value))
+    return True
+
+
+def _holds(path: Path, digest: str, trust: TrustStore) -> bool:
+    """Whether ``path`` is a committed checkpoint with subject digest ``digest``."""
+    try:
+        return reader.read_manifest(path, trust, allow_untrusted=True).root == digest
+    except RecoveryError:
+        return False
+
+
+def _copy(source: Path, into: Path, *, fault: str | None = None) -> None:
+    """Copy the committed ``source`` into the directory ``into`` atomically: independent
+    files (not links, subdirectories included), fsynced, then renamed into place. A
+    kill after ``fault`` (the copy complete, not yet committed) leaves a temp directory."""
+    tmp = temp_dir_for(into / source.name)
+    shutil.copytree(source, tmp, copy_function=shutil.copyfile)
     for directory in [tmp, *(p for p in tmp.rglob("*") if p.is_dir())]:
         for f in directory.iterdir():
             if f.is_file():
                 f.chmod(0o644)  # committed files are read-only; the copy must be deletable later
                 commit.fsync_file(f)
         commit.fsync_dir(directory)
-    faults.reach(f"best-copy-{mf.step}")  # the new copy complete, not yet committed
-    # publish the new best before the old goes: a kill in between leaves two committed,
-    # and the newer (better, or it would not have been copied) is the one readers take
-    os.rename(tmp, best_dir / final.name)
-    commit.fsync_dir(best_dir)
-    faults.reach(f"best-swap-{mf.step}")  # both committed, the old not yet removed
-    for old in current:
-        if old.name != final.name:
-            commit.discard(old, reaper=reaper)
-    commit.fsync_dir(best_dir)
-    log.info("best checkpoint: %s (%s %s %.6g)", final.name, metric, mode, float(value))
-    return True
+    if fault:
+        faults.reach(fault)
+    # published before the old best goes: a kill in between leaves two committed, and
+    # the newer (better, or it would not have been copied) is the one readers take
+    os.rename(tmp, into / source.name)
+    commit.fsync_dir(into)

@@ -16,7 +16,7 @@ from typing import Any
 import torch
 
 from recovery.errors import FormatError
-from recovery.format import codec, shards, tensorfile
+from recovery.format import codec, delta, shards, tensorfile
 from recovery.format.layout import (
     CONFIG_FILE,
     DISTRIBUTED,
@@ -28,6 +28,9 @@ from recovery.format.layout import (
 from recovery.integrity.reader import Deferred, Verified
 
 STATE_FORMAT = 1
+DIFFERENTIAL = "differential"
+"""``state.json`` key of a delta: per component, the tables stored as changed rows
+(:func:`recovery.format.delta.diff`), patched onto its base's on decode."""
 
 
 @dataclass(frozen=True)
@@ -89,11 +92,11 @@ def encode_split(
     return files
 
 
-def decode(verified: Verified) -> Decoded:
-    """Rebuild the state tree from verified bytes.
+def decode(verified: Verified, base: Verified | None = None) -> Decoded:
+    """Rebuild the state tree from verified bytes (a delta's with its verified ``base``).
 
     Raises:
-        FormatError: naming the file that does not decode.
+        FormatError: naming the file that does not decode, or a delta given no base.
     """
     where = verified.path
     if STATE_FILE not in verified.files:
@@ -107,16 +110,37 @@ def decode(verified: Verified) -> Decoded:
             f"found {doc.get('format') if isinstance(doc, dict) else type(doc).__name__}",
             path=where / STATE_FILE,
         )
+    patched = _patched(doc, where=where / STATE_FILE)
+    if DIFFERENTIAL in doc and base is None:
+        raise FormatError(
+            f"{where / STATE_FILE}: is a delta; it decodes only with its base checkpoint",
+            path=where / STATE_FILE,
+        )
     tree: dict[str, Any] = {}
     for name, skeleton in doc["components"].items():
         fname = tensor_file(name)
-        tensors = _tensors(verified, name)
+        flat = tensors(verified, name)
+        if base is not None and patched.get(name):
+            flat = delta.patch(flat, tensors(base, name), patched[name], where=str(where / fname))
         try:
-            tree[name] = codec.join(skeleton, tensors)
+            tree[name] = codec.join(skeleton, flat)
         except FormatError as err:
             raise FormatError(f"{where / fname}: {err}", path=where / fname) from err
     meta = {k: v for k, v in doc.items() if k not in ("format", "step", "components")}
     return Decoded(tree=tree, step=int(doc["step"]), meta=meta)
+
+
+def _patched(doc: dict[str, Any], *, where: Any) -> dict[str, Any]:
+    """A delta's patched tables by component (``{}`` for a full checkpoint).
+
+    Raises:
+        FormatError: the ``differential`` record is not a mapping of mappings.
+    """
+    record = doc.get(DIFFERENTIAL, {})
+    tables = record.get("tables", {}) if isinstance(record, dict) else None
+    if not isinstance(tables, dict) or not all(isinstance(t, dict) for t in tables.values()):
+        raise FormatError(f"{where}: malformed {DIFFERENTIAL} record {record!r}", path=where)
+    return tables
 
 
 def _bytes(verified: Verified, name: str) -> bytes:
@@ -127,7 +151,7 @@ def _bytes(verified: Verified, name: str) -> bytes:
     return blob if isinstance(blob, bytes) else bytes(blob.numpy())
 
 
-def _tensors(verified: Verified, component: str) -> dict[str, torch.Tensor]:
+def tensors(verified: Verified, component: str) -> dict[str, torch.Tensor]:
     """A component's tensors, zero-copy over the verified bytes: its one file, or its
     shards as its index lists them (every tensor in the shard the index names).
 

@@ -36,6 +36,7 @@ from typing import Any
 from recovery.errors import RecoveryError
 from recovery.format.layout import SIGNATURE_FILE
 from recovery.format.manifest import Manifest
+from recovery.integrity import chain
 from recovery.integrity.signing import TrustStore
 from recovery.run import resume
 from recovery.tools.audit_index import (
@@ -95,6 +96,8 @@ class Link:
     imported: dict[str, Any] | None = None
     """Weights ``recovery import`` brought in: the source's ``kind``, ``source`` path and
     ``sha256``, and ``origin`` ``unverified`` (nothing vouches for who produced them)."""
+    base: dict[str, Any] | None = None
+    """A delta's base (``name``, ``step``, ``digest``), verified with it."""
     error: str | None = None
     exception: RecoveryError | None = field(default=None, repr=False)
 
@@ -155,6 +158,7 @@ def _describe(mf: Manifest, path: Path, relation: str) -> Link:
         world_size=rec.get("world_size"),
         abandoned=abandoned_of(path),
         imported=_imported(prov),
+        base=rec.get(chain.BASE),
     )
 
 

@@ -1,0 +1,146 @@
+"""Differential saves: which save is a full base, which a delta, and the base held for them.
+
+With ``checkpoint.differential.enabled`` the first save of a process, and then
+every ``full_every``-th, is a full checkpoint, the *base*; the saves between
+are *deltas* of it (:mod:`recovery.format.delta`: each large table's changed
+rows, everything else whole). The base's tables are kept in host memory (one
+copy, taken on the writer's thread as the base commits), so a delta compares
+against exactly the bytes the base holds without reading them back. A resume
+adopts the chain it loaded (:meth:`Differential.adopt`): the next save is a
+delta of the same base, not a new full one.
+
+The tracker changes only when a save commits (on the writer's thread); the
+next save is decided after waiting for that one, so a decision never sees a
+half-updated tracker. A failed save changes nothing: a failed base leaves the
+previous base (intact on disk) in charge, and the next save is full again.
+"""
+
+from __future__ import annotations
+
+import logging
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import torch
+
+from recovery.config import DifferentialConfig
+from recovery.format import delta
+from recovery.format.manifest import Manifest
+from recovery.integrity import chain
+from recovery.state import snapshot
+
+log = logging.getLogger(__name__)
+
+Tensors = dict[str, dict[str, torch.Tensor]]
+
+
+def full_due(since_base: int | None, full_every: int) -> bool:
+    """Whether the next save is a full base: no base yet (``None``), or ``full_every - 1``
+    deltas already hang on it."""
+    return since_base is None or since_base + 1 >= full_every
+
+
+@dataclass(frozen=True)
+class Held:
+    """A committed full checkpoint kept as the base of the deltas that follow."""
+
+    ref: chain.Base
+    tables: Tensors = field(repr=False)
+    """Copies of its tables, by component and key."""
+
+
+def _tables(tensors: Tensors, min_bytes: int) -> Tensors:
+    """Private copies of the tensors that are compared row by row."""
+    return {
+        name: {k: t.detach().clone() for k, t in ts.items() if delta.is_table(t, min_bytes)}
+        for name, ts in tensors.items()
+    }
+
+
+@dataclass(frozen=True)
+class Plan:
+    """How one save is written: a full base (``base`` None) or a delta of ``base``."""
+
+    tracker: Differential = field(repr=False)
+    base: Held | None
+    sequence: int
+    """0 for a base; the delta's place after its base (1, 2, ...)."""
+
+    def encode(self, tensors: Tensors) -> tuple[Tensors, dict[str, Any]]:
+        """The tensors to write and the ``state.json`` record (``{}`` for a base).
+
+        A delta's record: its base (name, step, digest), sequence, and per component
+        the patched tables with their changed and total rows.
+        """
+        if self.base is None:
+            return tensors, {}
+        out: Tensors = {}
+        tables: dict[str, Any] = {}
+        for name, ts in tensors.items():
+            out[name], patched = delta.diff(
+                ts, self.base.tables.get(name, {}), self.tracker.min_bytes
+            )
+            if patched:
+                tables[name] = patched
+        record = {"base": self.base.ref.record(), "sequence": self.sequence, "tables": tables}
+        return out, record
+
+    def committed(self, final: Path, mf: Manifest, tensors: Tensors) -> None:
+        """After the commit of ``final``: a base becomes the held one (its tables copied)."""
+        self.tracker.committed(self, final, mf, tensors)
+
+
+class Differential:
+    """One run's differential-save state: the held base and how many deltas it has."""
+
+    def __init__(self, cfg: DifferentialConfig) -> None:
+        self.cfg = cfg
+        self.min_bytes = cfg.min_bytes
+        self.held: Held | None = None
+        self.since: int | None = None
+        """Deltas committed on the held base (``None``: no base held)."""
+
+    def plan(self) -> Plan | None:
+        """How the next save is written (``None``: differential saves are off)."""
+        if not self.cfg.enabled:
+            return None
+        if self.held is None or full_due(self.since, self.cfg.full_every):
+            return Plan(self, None, 0)
+        return Plan(self, self.held, (self.since or 0) + 1)
+
+    def committed(self, plan: Plan, final: Path, mf: Manifest, tensors: Tensors) -> None:
+        """Record a committed save (see :meth:`Plan.committed`)."""
+        if plan.base is None:
+            self.held = Held(chain.reference(mf, final), _tables(tensors, self.min_bytes))
+            self.since = 0
+        else:
+            self.since = plan.sequence
+
+    def adopt(self, run_dir: Path, verified: Any, base: Any, decoded: snapshot.Decoded) -> None:
+        """After a resume: hold the chain it loaded (a delta's base, or the full checkpoint
+        itself), so the next save continues it. A checkpoint from outside ``run_dir``
+        (``+resume=best``, a path) is not adopted: the next save is a full base, since a
+        delta finds its base beside it.
+
+        Args:
+            verified: the resumed checkpoint's :class:`~recovery.integrity.reader.Verified`.
+            base: a delta's verified base, else ``None``.
+            decoded: the resumed checkpoint, decoded.
+        """
+        if not self.cfg.enabled:
+            return
+        source = base if base is not None else verified
+        if source.path.parent.resolve() != run_dir.resolve():
+            return
+        tensors = {name: snapshot.tensors(source, name) for name in decoded.tree}
+        self.held = Held(
+            chain.reference(source.manifest, source.path), _tables(tensors, self.min_bytes)
+        )
+        record = decoded.meta.get(snapshot.DIFFERENTIAL)
+        self.since = int(record.get("sequence", 0)) if isinstance(record, dict) else 0
+        log.info(
+            "differential saves continue the chain of %s (%d deltas on it)",
+            source.path.name,
+            self.since,
+        )
