@@ -140,6 +140,7 @@ def cmd_drill(args: argparse.Namespace) -> int:
         keep_last=ck.keep_last,
         keep_every=ck.keep_every,
         keep_best=ck.keep_best,
+        full_every=ck.differential.full_every if ck.differential.enabled else 0,
         timeout_s=_timeout(args),
     )
     report = drill.run(

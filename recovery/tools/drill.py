@@ -70,6 +70,9 @@ class Plan:
     keep_every: int = 0
     keep_best: bool = False
     """The run's retention settings (``checkpoint.*``), which decide its kill points."""
+    full_every: int = 0
+    """With ``checkpoint.differential.enabled``: its ``full_every`` (which saves are bases,
+    which retention keeps for their deltas); 0: off."""
     timeout_s: float | None = None
     """How long one run may take before the drill kills it and gives up (``None``: no limit)."""
 
@@ -80,7 +83,7 @@ class Plan:
 
     def schedule(self) -> dict[str, Any]:
         """What decides the kill points: the run's length, its saves and what it keeps."""
-        keys = ("steps", "every", "keep_last", "keep_every", "keep_best", "dvc")
+        keys = ("steps", "every", "keep_last", "keep_every", "keep_best", "dvc", "full_every")
         return {k: getattr(self, k) for k in keys}
 
 

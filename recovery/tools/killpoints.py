@@ -48,6 +48,7 @@ from __future__ import annotations
 
 import random
 from dataclasses import dataclass
+from typing import TypedDict, Unpack
 
 from recovery.errors import ConfigError
 from recovery.run import policy
@@ -84,17 +85,29 @@ def commit_steps(steps: int, every: int) -> list[int]:
     return [*range(every, steps, every), steps]
 
 
+def bases(commits: list[int], full_every: int) -> dict[int, int]:
+    """With differential saves (``full_every`` > 0): each delta's base step. Every
+    ``full_every``-th commit is a base; a resume continues the chain it loaded, so a
+    killed and resumed run keeps the uninterrupted run's chains."""
+    if full_every <= 0:
+        return {}
+    return {c: commits[i - i % full_every] for i, c in enumerate(commits) if i % full_every != 0}
+
+
 def retention(
-    commits: list[int], *, keep_last: int, keep_every: int
+    commits: list[int], *, keep_last: int, keep_every: int, full_every: int = 0
 ) -> tuple[dict[int, list[int]], dict[int, frozenset[int]]]:
     """Per commit C of an uninterrupted run: the steps retention deletes after C's rename,
-    and the steps on disk once it has."""
+    and the steps on disk once it has (``full_every``: differential saves, see :func:`bases`)."""
     present: set[int] = set()
     doomed: dict[int, list[int]] = {}
     disk: dict[int, frozenset[int]] = {}
+    chains = bases(commits, full_every)
     for c in commits:
         present.add(c)
-        doomed[c] = policy.to_delete(present, newest=c, keep_last=keep_last, keep_every=keep_every)
+        doomed[c] = policy.to_delete(
+            present, newest=c, keep_last=keep_last, keep_every=keep_every, bases=chains
+        )
         present -= set(doomed[c])
         disk[c] = frozenset(present)
     return doomed, disk
@@ -129,7 +142,14 @@ class _Room:
 
 
 def _room(
-    steps: int, every: int, *, keep_last: int, keep_every: int, keep_best: bool, dvc: bool
+    steps: int,
+    every: int,
+    *,
+    keep_last: int = 3,
+    keep_every: int = 0,
+    keep_best: bool = False,
+    dvc: bool = False,
+    full_every: int = 0,
 ) -> _Room:
     if every <= 0 or every >= steps:
         raise ConfigError(
@@ -137,7 +157,9 @@ def _room(
             "checkpoint.every_steps= to fewer steps than train.steps"
         )
     commits = commit_steps(steps, every)
-    doomed, disk = retention(commits, keep_last=keep_last, keep_every=keep_every)
+    doomed, disk = retention(
+        commits, keep_last=keep_last, keep_every=keep_every, full_every=full_every
+    )
     ckpts, limit, background = commits[:-1], steps, []
     if dvc:
         # the publisher runs while training goes on, so after its kill the run may be
@@ -162,35 +184,28 @@ def _room(
     )
 
 
-def capacity(
-    *,
-    steps: int,
-    every: int,
-    keep_last: int = 3,
-    keep_every: int = 0,
-    keep_best: bool = False,
-    dvc: bool = False,
-) -> int:
+class Schedule(TypedDict, total=False):
+    """The settings besides length and interval that decide a run's kill points (the
+    defaults of :func:`_room`)."""
+
+    keep_last: int
+    keep_every: int
+    keep_best: bool
+    dvc: bool
+    full_every: int
+
+
+def capacity(*, steps: int, every: int, **schedule: Unpack[Schedule]) -> int:
     """The most kills :func:`choose_points` draws for this run (any seed).
 
     Raises:
         ConfigError: the run commits no checkpoint before its final step.
     """
-    return _room(
-        steps, every, keep_last=keep_last, keep_every=keep_every, keep_best=keep_best, dvc=dvc
-    ).capacity
+    return _room(steps, every, **schedule).capacity
 
 
 def choose_points(
-    rng: random.Random,
-    *,
-    steps: int,
-    every: int,
-    kills: int,
-    keep_last: int = 3,
-    keep_every: int = 0,
-    keep_best: bool = False,
-    dvc: bool = False,
+    rng: random.Random, *, steps: int, every: int, kills: int, **schedule: Unpack[Schedule]
 ) -> list[str]:
     """``kills`` distinct kill points (labels, see the module) in the order the run reaches them.
 
@@ -203,9 +218,7 @@ def choose_points(
         ConfigError: no checkpoint before the final step, or ``kills`` outside 0 to
             :func:`capacity` (never a loop that cannot finish).
     """
-    room = _room(
-        steps, every, keep_last=keep_last, keep_every=keep_every, keep_best=keep_best, dvc=dvc
-    )
+    room = _room(steps, every, **schedule)
     return _draw(rng, room, kills, f"a {steps}-step run saving every {every} steps")
 
 

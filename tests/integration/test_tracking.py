@@ -54,8 +54,11 @@ def train(
     every=2,
     push=True,
     close_timeout="120s",
+    differential=None,
+    make_state=tiny_state,
+    step_fn=lambda state: train_steps(state, 1),
 ):
-    state = tiny_state()
+    state = make_state()
     run_dir = root / "checkpoints" / "r"
     journal = Journal(run_dir / "metrics.jsonl")
     ck = Checkpointer(
@@ -64,6 +67,7 @@ def train(
             every_steps=every,
             keep_last=keep_last,
             dvc=DvcConfig(push=push, close_timeout=close_timeout),
+            **({"differential": differential} if differential else {}),
         ),
         run_dir,
         final_step=steps,
@@ -77,7 +81,7 @@ def train(
     durations = []
     while step < steps:
         t0 = time.perf_counter()
-        train_steps(state, 1)
+        step_fn(state)
         step += 1
         ck.maybe_save(state, step)
         durations.append(time.perf_counter() - t0)

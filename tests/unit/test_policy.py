@@ -161,3 +161,31 @@ def test_the_loss_bound_of_a_failure(async_save, worst):
     assert max_loss_intervals(async_save) == worst
     (row,) = plan(60.0, 86400.0, [600.0], async_save=async_save)
     assert row["worst_loss_per_failure_s"] == 600.0 * worst and row["loss_per_failure_s"] == 300.0
+
+
+# bases: delta step -> its base's step
+@pytest.mark.parametrize(
+    ("steps", "bases", "keep_last", "keep_every", "expected"),
+    [
+        # a kept delta keeps its base; the window's deltas all hang on base 10, so the
+        # newest checkpoint before it (none here) would be the independent fallback
+        ([10, 20, 30, 40, 50], {20: 10, 30: 10, 40: 10, 50: 10}, 3, 0, [20]),
+        # two chains in the window: no extra fallback needed, the old base stays for 40
+        ([10, 20, 30, 40, 50, 60], {20: 10, 30: 10, 40: 10, 60: 50}, 3, 0, [20, 30]),
+        # the window hangs on base 50 alone: 40 (and its base 10) is the fallback
+        ([10, 20, 30, 40, 50, 60, 70], {20: 10, 30: 10, 40: 10, 60: 50, 70: 50}, 3, 0, [20, 30]),
+        # the window is the base and its deltas: the fallback is the full checkpoint before
+        ([30, 40, 50, 60], {60: 50}, 2, 0, [30]),
+        # a milestone delta keeps its base forever
+        ([10, 20, 30, 40, 50, 60], {20: 10, 30: 10, 40: 10, 60: 50}, 2, 20, [30]),
+        # no bases: exactly the plain policy
+        ([10, 20, 30, 40], {}, 2, 0, [10, 20]),
+        # a base that is not on disk: the plain policy (its deltas are broken anyway)
+        ([30, 40, 50], {30: 10, 40: 10, 50: 10}, 2, 0, [30]),
+    ],
+)
+def test_to_delete_keeps_the_bases_kept_deltas_need(steps, bases, keep_last, keep_every, expected):
+    got = to_delete(
+        steps, newest=steps[-1], keep_last=keep_last, keep_every=keep_every, bases=bases
+    )
+    assert got == expected

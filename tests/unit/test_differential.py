@@ -1,0 +1,238 @@
+"""Differential checkpoints through the API: a base and its deltas, verified as one chain."""
+
+import shutil
+
+import pytest
+import torch
+from torch import nn
+
+from recovery.config import CheckpointConfig, DifferentialConfig
+from recovery.errors import BrokenChainError
+from recovery.format.layout import BEST_DIR, scan, step_dir_name
+from recovery.run import resume
+from recovery.run.checkpointer import Checkpointer
+from recovery.run.journal import Journal, read
+from recovery.state.registry import TrainState
+from recovery.state.sampler import ResumableSampler
+from recovery.tools.drill import flat_tensors
+
+ROWS = 400
+
+
+class Tiny(nn.Module):
+    """A table with sparse gradients and a dense head."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.table = nn.Embedding(ROWS, 8, sparse=True)
+        self.head = nn.Linear(8, 1)
+
+    def forward(self, ids: torch.Tensor) -> torch.Tensor:
+        out: torch.Tensor = self.head(self.table(ids)).squeeze(-1)
+        return out
+
+
+def sparse_state() -> TrainState:
+    torch.manual_seed(0)
+    model = Tiny()
+    dense = torch.optim.Adam(model.head.parameters(), lr=0.01)
+    tables = torch.optim.SparseAdam(list(model.table.parameters()), lr=0.01)
+    return TrainState(
+        model=model,
+        optimizer=dense,
+        sparse_optimizer=tables,
+        scheduler=torch.optim.lr_scheduler.LambdaLR(dense, lambda s: 1.0 / (1 + s)),
+        sampler=ResumableSampler(4000, 16, seed=0),
+    )
+
+
+def train_step(state: TrainState) -> float:
+    model = state.components["model"]
+    _, ids = state.components["sampler"].next_batch()
+    rows = torch.from_numpy(ids) % ROWS
+    loss = (model(rows) - 1.0).pow(2).mean()
+    for name in ("optimizer", "sparse_optimizer"):
+        state.components[name].zero_grad()
+    loss.backward()
+    for name in ("optimizer", "sparse_optimizer"):
+        state.components[name].step()
+    state.components["scheduler"].step()
+    return loss.item()
+
+
+def run(root, steps, signer, trust, prov, *, resume_spec=None, keep_last=10, **differential):
+    """Train to ``steps``, saving every 2; differential saves when ``differential`` is given."""
+    state = sparse_state()
+    cfg = CheckpointConfig(
+        root=str(root),
+        every_steps=2,
+        keep_last=keep_last,
+        differential=DifferentialConfig(**differential),
+    )
+    return _train(cfg, root, steps, signer, trust, prov, state, resume_spec)
+
+
+def _train(cfg, root, steps, signer, trust, prov, state, resume_spec=None, score=None):
+    journal = Journal(root / "run" / "metrics.jsonl")
+    ck = Checkpointer(
+        cfg,
+        root / "run",
+        final_step=steps,
+        journal=journal,
+        signer=signer,
+        trust=trust,
+        provenance=prov,
+        config={"seed": 0},
+    )
+    step = ck.restore(state, resume_spec)
+    while step < steps:
+        loss = train_step(state)
+        step += 1
+        ck.maybe_save(state, step, metrics={"loss": loss, "score": (score or {}).get(step, 0)})
+    ck.close()
+    journal.close()
+    return root / "run"
+
+
+def assert_same(a, b):
+    """Two decoded trees equal: every tensor bit for bit, every other leaf by value."""
+    assert a.keys() == b.keys()
+    for name in a:
+        fa, fb = flat_tensors(a[name]), flat_tensors(b[name])
+        assert fa.keys() == fb.keys(), name
+        for key in fa:
+            assert fa[key].dtype == fb[key].dtype and torch.equal(fa[key], fb[key]), (name, key)
+    assert a["sampler"] == b["sampler"] and a["scheduler"] == b["scheduler"]
+
+
+ON = {"enabled": True, "full_every": 3, "min_mb": 0}
+
+
+def differential_config(root, **settings):
+    """Saves every 2 steps, each third a base; ``settings``: the other keys."""
+    settings.setdefault("keep_last", 10)
+    return CheckpointConfig(
+        root=str(root), every_steps=2, differential=DifferentialConfig(**ON), **settings
+    )
+
+
+@pytest.fixture
+def chain_run(tmp_path, signer, trust, prov):
+    """A differential run to 12 (bases 2 and 8, deltas 4, 6, 10, 12) and a full one."""
+    diff = run(tmp_path / "diff", 12, signer, trust, prov, **ON)
+    full = run(tmp_path / "full", 12, signer, trust, prov)
+    return diff, full
+
+
+def test_base_plus_delta_restores_exactly_what_a_full_checkpoint_holds(chain_run, trust):
+    diff, full = chain_run
+    kinds = {}
+    for step in range(2, 13, 2):
+        a = resume.load(diff / step_dir_name(step), trust)
+        b = resume.load(full / step_dir_name(step), trust)
+        assert b.delta is None
+        kinds[step] = a.delta["base"] if a.delta else "full"
+        assert_same(a.decoded.tree, b.decoded.tree)
+        if a.delta:  # its files hold only the changed rows of each table
+            assert a.delta["bytes"] < sum(r.size for r in b.manifest.files)
+            assert "model/table.weight" in a.delta["tables"]
+    assert kinds == {
+        2: "full",
+        4: step_dir_name(2),
+        6: step_dir_name(2),
+        8: "full",
+        10: step_dir_name(8),
+        12: step_dir_name(8),
+    }
+
+
+def test_a_resume_continues_the_chain_and_trains_the_same_run(tmp_path, signer, trust, prov):
+    ref = run(tmp_path / "ref", 16, signer, trust, prov, **ON)
+    run(tmp_path / "job", 10, signer, trust, prov, **ON)
+    job = run(tmp_path / "job", 16, signer, trust, prov, resume_spec="latest", **ON)
+    resumed = [r for r in read(job / "metrics.jsonl") if r.get("event") == "resume"]
+    assert resumed[-1]["step"] == 10 and resumed[-1]["base"].endswith(step_dir_name(8))
+    for step in (12, 14, 16):  # 12: the third of base 8's chain; 14 a new base
+        a = resume.load(ref / step_dir_name(step), trust)
+        b = resume.load(job / step_dir_name(step), trust)
+        assert (a.delta or {}).get("base") == (b.delta or {}).get("base")
+        assert_same(a.decoded.tree, b.decoded.tree)
+    assert resume.load(job / step_dir_name(12), trust).delta["base"] == step_dir_name(8)
+
+
+def test_a_delta_without_its_base_is_refused_and_latest_falls_back(chain_run, trust):
+    diff, _ = chain_run
+    shutil.rmtree(diff / step_dir_name(8))
+    with pytest.raises(BrokenChainError, match="is a delta of step-00000008 .* which is missing"):
+        resume.load(diff / step_dir_name(12), trust)
+    loaded = resume.select(diff, "latest", trust)
+    assert loaded.path.name == step_dir_name(6)  # the newest whose whole chain verifies
+    assert [p.name for p, _ in loaded.skipped] == [step_dir_name(12), step_dir_name(10)]
+    assert "which is missing" in loaded.skipped[0][1]
+
+
+def test_a_delta_whose_base_is_damaged_or_replaced_is_refused(chain_run, trust):
+    diff, full = chain_run
+    target = diff / step_dir_name(12)
+    base = diff / step_dir_name(8)
+    original = base.with_name("saved")
+    shutil.copytree(base, original)
+    # replaced: another committed, signed checkpoint of that step (the full run's)
+    shutil.rmtree(base)
+    shutil.copytree(full / step_dir_name(8), base)
+    with pytest.raises(BrokenChainError, match="was replaced by another checkpoint of that step"):
+        resume.load(target, trust)
+    # damaged: one flipped byte in the base's tensors
+    shutil.rmtree(base)
+    shutil.copytree(original, base)
+    victim = base / "sparse_optimizer.safetensors"
+    victim.chmod(0o644)
+    data = bytearray(victim.read_bytes())
+    data[-3] ^= 0x01
+    victim.write_bytes(bytes(data))
+    with pytest.raises(BrokenChainError, match="which fails verification .*expected sha256") as err:
+        resume.load(target, trust)
+    assert err.value.base == base and err.value.path == victim
+
+
+def test_retention_keeps_the_bases_of_kept_deltas_and_a_fallback_off_the_newest_base(
+    tmp_path, signer, trust, prov
+):
+    run_dir = run(tmp_path / "r", 16, signer, trust, prov, keep_last=2, **ON)
+    # saves: 2 base, 4, 6 | 8 base, 10, 12 | 14 base, 16. keep 14, 16 (both on base 14),
+    # so the newest before 14 (12) and its base (8) are the fallback
+    assert [s for s, _ in scan(run_dir).committed] == [8, 12, 14, 16]
+    for _, path in scan(run_dir).committed:
+        resume.load(path, trust)  # each one's chain is whole
+    retired = [r["steps"] for r in read(run_dir / "metrics.jsonl") if r.get("event") == "retired"]
+    assert sorted(s for steps in retired for s in steps) == [2, 4, 6, 10]
+
+
+def test_async_saves_write_the_same_chain(tmp_path, signer, trust, prov):
+    ref = run(tmp_path / "sync", 8, signer, trust, prov, **ON)
+    state = sparse_state()
+    cfg = differential_config(tmp_path / "async", async_save=True)
+    got = _train(cfg, tmp_path / "async", 8, signer, trust, prov, state)
+    for step in (2, 4, 6, 8):
+        a = resume.load(ref / step_dir_name(step), trust)
+        b = resume.load(got / step_dir_name(step), trust)
+        assert (a.delta or {}).get("base") == (b.delta or {}).get("base")
+        assert_same(a.decoded.tree, b.decoded.tree)
+
+
+def test_the_best_copy_of_a_delta_brings_its_base(tmp_path, signer, trust, prov):
+    cfg = differential_config(
+        tmp_path, keep_last=2, keep_best=True, best_metric="score", best_mode="max"
+    )
+    # the best: 4 (a delta of 2), then 8 (a base), then 12 (a delta of 8)
+    score = {4: 1, 8: 2, 12: 3}
+    for steps, kept in ((4, [2, 4]), (8, [8]), (12, [8, 12])):
+        run_dir = _train(cfg, tmp_path, steps, signer, trust, prov, sparse_state(), score=score)
+        best = [p.name for _, p in scan(run_dir / BEST_DIR).committed]
+        assert best == [step_dir_name(s) for s in kept]  # a delta's copy with its base
+        chosen = resume.select(run_dir, "best", trust)
+        assert chosen.path == run_dir / BEST_DIR / step_dir_name(steps)
+        assert_same(
+            chosen.decoded.tree, resume.load(run_dir / step_dir_name(steps), trust).decoded.tree
+        )
+        shutil.rmtree(run_dir.parent)
