@@ -3,7 +3,11 @@
 from __future__ import annotations
 
 import json
+import os
 import shutil
+import subprocess
+import sys
+from pathlib import Path
 
 import pytest
 import torch
@@ -11,6 +15,7 @@ import torch
 from recovery import cli
 from recovery.config import DifferentialConfig
 from recovery.format.layout import METRICS_FILE, scan, step_dir_name
+from recovery.integrity.trust import KEY_ENV
 from recovery.run import resume
 from recovery.run.journal import read
 from tests.integration.conftest import ROOT, SMALL, assert_same_run
@@ -60,6 +65,40 @@ def test_sigkill_after_a_delta_then_resume_latest_is_bit_identical(
         if r.get("event") == "checkpoint"
     }
     assert max(sizes[s] for s in (20, 30, 50, 60, 80)) < min(sizes[s] for s in (10, 40, 70))
+
+
+def test_export_and_warm_start_read_a_delta_through_its_base(
+    tmp_path, trainer, signer, trust, diff_data
+):
+    first = trainer(tmp_path / "a", *DIFF, "train.steps=50", data=diff_data)
+    assert first.returncode == 0, first.output
+    delta = first.run_dir / step_dir_name(50)  # a delta of 40
+    out = tmp_path / "served"
+    overrides = [*SMALL, *DIFF, "train.steps=50", f"recipe.data.root={diff_data}"]
+    overrides += [f"checkpoint.root={tmp_path / 'a'}", "export.source=50", f"export.out={out}"]
+    recovery = str(Path(sys.executable).with_name("recovery"))
+    done = subprocess.run(
+        [recovery, "export", *overrides],
+        cwd=ROOT,
+        capture_output=True,
+        text=True,
+        env={**os.environ, KEY_ENV: str(signer.path)},
+        timeout=300,
+    )
+    assert done.returncode == 0, done.stdout + done.stderr
+    assert "parity {'max_abs_diff': 0.0" in done.stdout + done.stderr
+    assert cli.main(["verify", str(out), "--trusted", str(signer.path.parent)]) == 0
+    parent = resume.load(out, trust).manifest.recovery["parent"]
+    assert parent["sha256"] == resume.load(delta, trust).manifest.root
+    warm = trainer(tmp_path / "b", *DIFF, f"+init_from={delta}", "train.steps=10", data=diff_data)
+    assert warm.returncode == 0, warm.output
+    (start,) = [r for r in read(warm.run_dir / METRICS_FILE) if r.get("event") == "warm_start"]
+    assert start["from"] == str(delta)
+    parent = resume.load(warm.run_dir / step_dir_name(10), trust).manifest.recovery["parent"]
+    assert (
+        parent["kind"] == "warm_start"
+        and parent["sha256"] == resume.load(delta, trust).manifest.root
+    )
 
 
 def test_a_delta_without_its_base_is_refused_and_the_run_falls_back(
