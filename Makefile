@@ -4,7 +4,7 @@ VENV := .venv
 BIN := $(VENV)/bin
 STAMP := $(VENV)/.installed
 
-.PHONY: demo test lint install clean bench bench-dist
+.PHONY: demo test lint install clean bench bench-dist bench-diff
 
 $(BIN)/python:
 	$(PY) -m venv $(VENV)
@@ -44,3 +44,7 @@ bench: $(STAMP)
 # The distributed commit against DCP alone, in one 2-rank torchrun job (gloo on CPU).
 bench-dist: $(STAMP)
 	$(BIN)/python benchmarks/bench_distributed.py --nproc 2 --size-mb 256 --runs 5 --json .bench-dist.json
+
+# Differential against full checkpoints on a large sparse embedding run (train.py subprocesses).
+bench-diff: $(STAMP)
+	$(BIN)/python benchmarks/bench_differential.py --json .bench-diff.json

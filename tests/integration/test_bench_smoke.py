@@ -67,3 +67,21 @@ def test_time_to_first_resumed_step_is_measured_against_both_baselines(tmp_path)
     result = run("bench_first_step.py", "--size-gb", "0.005", "--runs", "1", tmp_path=tmp_path)
     assert set(result["median_s"]) == {"ours", "baseline", "by-hand"}
     assert all(v > 0 for v in result["median_s"].values())
+
+
+def test_differential_checkpoints_are_measured_against_full_ones_and_bit_identical(tmp_path):
+    result = run(
+        "bench_differential.py",
+        *("--users", "2000", "--items", "1000", "--interactions", "5000"),
+        *("--steps", "40", "--intervals", "10", "--runs", "1", "--min-mb", "0.1"),
+        *("--dir", str(tmp_path / "work")),
+        tmp_path=tmp_path,
+    )
+    assert set(result) >= {"config", "intervals", "identity", "identical", "resume", "delta_cost"}
+    assert result["identical"] is True
+    row = result["intervals"]["10"]
+    assert row["full"]["checkpoints"] == row["differential"]["checkpoints"] == 4
+    assert row["full"]["bytes_total"] > 0 and row["differential"]["bytes_total"] > 0
+    assert row["differential"]["deltas"] == 3 and row["ratio"] > 0
+    assert set(result["resume"]["first_step_s_median"]) == {"full", "delta"}
+    assert result["delta_cost"]["changed_rows"] > 0

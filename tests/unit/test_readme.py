@@ -66,3 +66,11 @@ def test_the_layout_section_lists_the_import_contracts_layers_in_order():
             assert found, f"{module} (a layer of the import contract) is not in the README layout"
             where.append((min(found), module))
     assert [m for _, m in sorted(where)] == [m for _, m in where]
+
+
+def test_every_differential_key_is_documented():
+    import yaml
+
+    conf = Path(__file__).resolve().parents[2] / "conf" / "checkpoint" / "default.yaml"
+    for key in yaml.safe_load(conf.read_text())["differential"]:
+        assert f"`checkpoint.differential.{key}=`" in README, key
