@@ -2,7 +2,7 @@
 
     python benchmarks/bench_differential.py [--intervals 25,50,100] [--runs 3] [--json OUT]
         [--users 200000] [--items 50000] [--interactions 1000000] [--steps 1000]
-        [--full-every 10] [--min-mb MB] [--resume-interval 50] [--dir DIR] [--keep]
+        [--full-every 10] [--min-mb MB] [--resume-interval 50] [--dir DIR] [--keep] [--dvc]
 
 For each checkpoint interval (``--intervals``, in steps) ``python train.py`` trains
 the embedding recipe twice, with the same seed and config: SparseAdam on the
@@ -34,6 +34,10 @@ train.steps=<step + 1>``, reading the journal's ``first_step`` record (process
 start to the first resumed step: interpreter, imports, data, verify, decode, one
 step); also timed in this process: ``resume.load`` alone (verify and decode, the
 files in the page cache).
+
+With ``--dvc`` each run's checkpoint root is a git + DVC repository with a local
+remote, every checkpoint registered and pushed (``checkpoint.dvc.push=true``), and the
+bytes each remote received are reported: what storage outlives the machine costs.
 
 Last, what finding a delta's rows costs at save time on this state: ``delta.diff``
 (every table's rows compared by their bits) of the full run's newest checkpoint
@@ -111,7 +115,11 @@ class Bench:
             f"checkpoint.every_steps={interval}",
             "checkpoint.keep_last=3",
             "checkpoint.async=false",
-            "checkpoint.dvc.enabled=false",
+            *(
+                ["checkpoint.dvc.enabled=true", "checkpoint.dvc.push=true"]
+                if a.dvc
+                else ["checkpoint.dvc.enabled=false"]
+            ),
             f"signing.key={self.key / 'recovery.key'}",
             f"checkpoint.differential.enabled={str(differential).lower()}",
         ]
@@ -132,6 +140,27 @@ class Bench:
 
     def load(self, path: Path) -> resume.Loaded:
         return resume.load(path, self.trust)
+
+
+def dvc_project(root: Path) -> None:
+    """``root`` as a git + DVC repository with a local default remote (``root/remote``,
+    ignored by git), as ``make demo`` sets one up."""
+    root.mkdir(parents=True)
+    dvc = str(Path(sys.executable).with_name("dvc"))
+    for cmd in (
+        ["git", "init", "-q"],
+        [dvc, "init", "-q"],
+        [dvc, "config", "core.analytics", "false"],
+        [dvc, "config", "cache.type", "hardlink,symlink"],
+        [dvc, "remote", "add", "-d", "local", str(root / "remote")],
+    ):
+        subprocess.run(cmd, cwd=root, check=True, capture_output=True)
+    (root / ".gitignore").write_text("/remote\n")
+
+
+def tree_bytes(root: Path) -> int:
+    """The bytes of the files under ``root``."""
+    return sum(p.stat().st_size for p in root.rglob("*") if p.is_file())
 
 
 def journal(run_dir: Path) -> list[dict[str, Any]]:
@@ -406,6 +435,11 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--runs", type=int, default=3)
     ap.add_argument("--dir", default=None, help="where runs are written (default: a temp dir)")
     ap.add_argument("--keep", action="store_true", help="leave the runs on disk")
+    ap.add_argument(
+        "--dvc",
+        action="store_true",
+        help="each run in a git + DVC repo, every checkpoint pushed: report the remote's bytes",
+    )
     ap.add_argument("--json", default=None, help="also write the results here")
     args = ap.parse_args(argv)
     intervals = [int(x) for x in args.intervals.split(",")]
@@ -440,6 +474,8 @@ def run(args: argparse.Namespace, intervals: list[int], work: Path, created: lis
         created += roots.values()
         for kind, root in roots.items():
             shutil.rmtree(root, ignore_errors=True)
+            if args.dvc:
+                dvc_project(root)
             t0 = time.perf_counter()
             bench.train(bench.overrides(root, interval, differential=kind == "diff"))
             s = time.perf_counter() - t0
@@ -460,6 +496,10 @@ def run(args: argparse.Namespace, intervals: list[int], work: Path, created: lis
             "ratio": ratio,
             "target_5x": ratio is not None and ratio >= TARGET,
         }
+        if args.dvc:  # what each run's remote received (DVC stores each file once, by md5)
+            results[str(interval)]["pushed_bytes"] = {
+                kind: tree_bytes(root / "remote") for kind, root in roots.items()
+            }
         a = bench.load(step_dir(full_dir, args.steps)).decoded.tree
         b = bench.load(step_dir(diff_dir, args.steps)).decoded.tree
         differs = bit_diff(a, b)
@@ -527,6 +567,15 @@ def run(args: argparse.Namespace, intervals: list[int], work: Path, created: lis
             f"| touched rows: gather (at save) | {sec(cost['track_gather_s_median'])} | "
             f"{cost['touched_rows']} touched |"
         )
+    if args.dvc:
+        print("\n| every | pushed MB full | pushed MB diff | full / diff |")
+        print("|---:|---:|---:|---:|")
+        for every, r in results.items():
+            got = r["pushed_bytes"]
+            print(
+                f"| {every} | {mb(got['full'])} | {mb(got['diff'])} | "
+                f"{ratio_s(got['full'] / got['diff'] if got['diff'] else None)} |"
+            )
     met = [k for k, r in results.items() if r["target_5x"]]
     print(f"\ntarget >= {TARGET:g}x fewer bytes: met at every {met or 'none'} of {list(results)}")
     print(f"identical: {str(identical).lower()}")
@@ -546,6 +595,7 @@ def run(args: argparse.Namespace, intervals: list[int], work: Path, created: lis
             "full_every": args.full_every,
             "min_mb": min_mb,
             "runs": args.runs,
+            "dvc": args.dvc,
         },
         "intervals": results,
         "identity": identity,

@@ -54,10 +54,11 @@ def pays(changed: int, rows: int, row_bytes: int) -> bool:
 
 
 def changed_rows(current: torch.Tensor, base: torch.Tensor) -> torch.Tensor:
-    """The indices (int64, ascending) of the rows of ``current`` whose bits differ from
-    ``base``'s (same shape and dtype)."""
+    """The indices (int64, ascending, on ``base``'s device) of the rows of ``current`` whose
+    bits differ from ``base``'s (same shape and dtype; ``current`` is compared on
+    ``base``'s device: the host, where the checkpointer keeps its copy)."""
     bits = _BITS[current.element_size()]
-    now = current.detach().reshape(current.shape[0], -1).view(bits)
+    now = current.detach().to(base.device).reshape(current.shape[0], -1).view(bits)
     then = base.detach().reshape(base.shape[0], -1).view(bits)
     return torch.ne(now, then).any(dim=1).nonzero().reshape(-1)
 
@@ -93,7 +94,7 @@ def diff(
             out[key] = t
             continue
         out[ROWS + key] = rows
-        out[VALUES + key] = t.detach().index_select(0, rows)
+        out[VALUES + key] = t.detach().index_select(0, rows.to(t.device))
         tables[key] = {"changed": len(rows), "rows": int(t.shape[0])}
     return out, tables
 

@@ -48,14 +48,31 @@ class Held:
     ref: chain.Base
     tables: Tensors = field(repr=False)
     """Copies of its tables, by component and key."""
+    owned: bool = True
+    """``tables`` are copies of our own, which the next base may overwrite in place."""
 
 
-def _tables(tensors: Tensors, min_bytes: int) -> Tensors:
-    """Private copies of the tensors that are compared row by row."""
-    return {
-        name: {k: t.detach().clone() for k, t in ts.items() if delta.is_table(t, min_bytes)}
-        for name, ts in tensors.items()
-    }
+def _tables(
+    tensors: Tensors, min_bytes: int, *, copy: bool = True, reuse: Held | None = None
+) -> Tensors:
+    """The tensors that are compared row by row, as private host copies (never in device
+    memory: a GPU run keeps its tables' copy on the host); ``copy=False`` holds them as
+    they are (tensors nothing else holds or writes). ``reuse``: the previous base, whose
+    copies of the same shape and dtype are overwritten in place, not allocated again
+    (a fresh gigabyte costs its page faults on every new base)."""
+    old = reuse.tables if reuse is not None and reuse.owned else {}
+    out: Tensors = {}
+    for name, ts in tensors.items():
+        out[name] = {}
+        for k, t in ts.items():
+            if not delta.is_table(t, min_bytes):
+                continue
+            into = old.get(name, {}).get(k)
+            if copy and into is not None and into.shape == t.shape and into.dtype == t.dtype:
+                out[name][k] = into.copy_(t.detach())
+            else:
+                out[name][k] = t.detach().to("cpu", copy=copy)
+    return out
 
 
 @dataclass(frozen=True)
@@ -111,8 +128,9 @@ class Differential:
 
     def committed(self, plan: Plan, final: Path, mf: Manifest, tensors: Tensors) -> None:
         """Record a committed save (see :meth:`Plan.committed`)."""
-        if plan.base is None:
-            self.held = Held(chain.reference(mf, final), _tables(tensors, self.min_bytes))
+        if plan.base is None:  # no save is in flight but this one: the old copies are free
+            tables = _tables(tensors, self.min_bytes, reuse=self.held)
+            self.held = Held(chain.reference(mf, final), tables)
             self.since = 0
         else:
             self.since = plan.sequence
@@ -134,8 +152,13 @@ class Differential:
         if source.path.parent.resolve() != run_dir.resolve():
             return
         tensors = {name: snapshot.tensors(source, name) for name in decoded.tree}
+        # a full checkpoint's tensors were loaded into the live state, which may keep them
+        # (an optimizer's moments): copied. A delta's base's are held as read: the state
+        # got the patched copies and the delta's own tensors, never the base's
         self.held = Held(
-            chain.reference(source.manifest, source.path), _tables(tensors, self.min_bytes)
+            chain.reference(source.manifest, source.path),
+            _tables(tensors, self.min_bytes, copy=base is None),
+            owned=base is None,
         )
         record = decoded.meta.get(snapshot.DIFFERENTIAL)
         self.since = int(record.get("sequence", 0)) if isinstance(record, dict) else 0
