@@ -48,3 +48,5 @@ bench-dist: $(STAMP)
 # Differential against full checkpoints on a large sparse embedding run (train.py subprocesses).
 bench-diff: $(STAMP)
 	$(BIN)/python benchmarks/bench_differential.py --json .bench-diff.json
+	$(BIN)/python benchmarks/bench_differential.py --users 2000000 --items 500000 --intervals 50,100 --json .bench-diff-large.json
+	$(BIN)/python benchmarks/bench_differential.py --dvc --intervals 50 --steps 500 --runs 1 --json .bench-diff-dvc.json
