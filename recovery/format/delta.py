@@ -44,6 +44,7 @@ def is_table(t: torch.Tensor, min_bytes: int) -> bool:
         and t.numel() * t.element_size() >= min_bytes
         and t.element_size() in _BITS
         and not t.is_sparse
+        and not t.is_complex()  # a conjugate view has no integer view of its bits
     )
 
 
@@ -145,7 +146,9 @@ def _check(
 ) -> None:
     """Refuse rows and values that do not patch ``old`` exactly (see :func:`patch`)."""
     problem = None
-    if rows.dtype != torch.int64 or rows.dim() != 1:
+    if old.dim() < 1:
+        problem = f"its base tensor has no rows (shape {list(old.shape)})"
+    elif rows.dtype != torch.int64 or rows.dim() != 1:
         problem = f"rows must be a 1-D int64 tensor, found {rows.dtype} of shape {list(rows.shape)}"
     elif len(rows) and (int(rows[0]) < 0 or int(rows[-1]) >= old.shape[0]):
         problem = f"rows outside 0..{old.shape[0] - 1}"

@@ -78,13 +78,13 @@ def aside_dir_for(final: Path) -> Path:
 
 def parse_step(name: str) -> int | None:
     """The step of a committed directory name, ``None`` for any other name."""
-    match = _COMMITTED.match(name)
+    match = _COMMITTED.fullmatch(name)  # fullmatch: `$` alone also matches before a newline
     return int(match.group(1)) if match else None
 
 
 def is_uncommitted(name: str) -> bool:
     """Whether ``name`` is a temp or aside directory of an interrupted commit."""
-    return _TEMP.match(name) is not None
+    return _TEMP.fullmatch(name) is not None
 
 
 @dataclass(frozen=True)
@@ -107,7 +107,7 @@ def scan(run_dir: Path) -> Listing:
         step = parse_step(entry.name)
         if step is not None and entry.is_dir() and not entry.is_symlink():
             committed.append((step, entry))
-        elif _TEMP.match(entry.name):
+        elif _TEMP.fullmatch(entry.name):
             stale.append(entry)
     committed.sort()
     return Listing(committed, sorted(stale))

@@ -72,8 +72,9 @@ def base_of(mf: Manifest, where: Path) -> Base | None:
 
 
 def base_path(delta: Path, base: Base) -> Path:
-    """Where the base of the delta at ``delta`` lives: beside it."""
-    return delta.parent / base.name
+    """Where the base of the delta at ``delta`` lives: beside it (``.`` included: made
+    absolute, not resolved, so a symlink on the way is still refused)."""
+    return delta.absolute().parent / base.name
 
 
 def read_base(

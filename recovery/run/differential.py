@@ -127,13 +127,27 @@ class Differential:
         return Plan(self, self.held, (self.since or 0) + 1)
 
     def committed(self, plan: Plan, final: Path, mf: Manifest, tensors: Tensors) -> None:
-        """Record a committed save (see :meth:`Plan.committed`)."""
+        """Record a committed save (see :meth:`Plan.committed`). A base whose tables cannot
+        be copied (no memory) is not held: the save stays committed, and the next save is
+        a full base again."""
         if plan.base is None:  # no save is in flight but this one: the old copies are free
-            tables = _tables(tensors, self.min_bytes, reuse=self.held)
+            try:
+                tables = _tables(tensors, self.min_bytes, reuse=self.held)
+            except (RuntimeError, MemoryError) as err:
+                log.warning(
+                    "%s: its tables were not copied (%s); the next save is full", final, err
+                )
+                self.forget()
+                return
             self.held = Held(chain.reference(mf, final), tables)
             self.since = 0
         else:
             self.since = plan.sequence
+
+    def forget(self) -> None:
+        """Hold no base: the next save is a full one."""
+        self.held = None
+        self.since = None
 
     def adopt(self, run_dir: Path, verified: Any, base: Any, decoded: snapshot.Decoded) -> None:
         """After a resume: hold the chain it loaded (a delta's base, or the full checkpoint
@@ -146,22 +160,23 @@ class Differential:
             base: a delta's verified base, else ``None``.
             decoded: the resumed checkpoint, decoded.
         """
+        self.forget()
         if not self.cfg.enabled:
             return
         source = base if base is not None else verified
-        if source.path.parent.resolve() != run_dir.resolve():
+        if source.path.absolute().parent.resolve() != run_dir.resolve():
             return
         tensors = {name: snapshot.tensors(source, name) for name in decoded.tree}
-        # a full checkpoint's tensors were loaded into the live state, which may keep them
-        # (an optimizer's moments): copied. A delta's base's are held as read: the state
+        # a full checkpoint's tensors are about to be loaded into the live state, which may
+        # keep them (an optimizer's moments): copied. A delta's base's are held as read: the state
         # got the patched copies and the delta's own tensors, never the base's
         self.held = Held(
             chain.reference(source.manifest, source.path),
             _tables(tensors, self.min_bytes, copy=base is None),
             owned=base is None,
         )
-        record = decoded.meta.get(snapshot.DIFFERENTIAL)
-        self.since = int(record.get("sequence", 0)) if isinstance(record, dict) else 0
+        record = decoded.meta.get(snapshot.DIFFERENTIAL)  # checked when it was decoded
+        self.since = int(record["sequence"]) if isinstance(record, dict) else 0
         log.info(
             "differential saves continue the chain of %s (%d deltas on it)",
             source.path.name,

@@ -162,6 +162,7 @@ class Restoring:
                 return step
         else:
             rundir.refuse_reuse(self.run_dir)
+        self.differential.forget()  # a candidate that was adopted, then not resumed
         self.identity, event = begin.new_run(
             state, init_from, self.run_id, self.trust, self.allow_untrusted, root=self.root
         )
@@ -169,6 +170,9 @@ class Restoring:
         return 0
 
     def _resume(self, state: TrainState, loaded: resume.Loaded, replaced: str | None) -> int:
+        # first: what it reads can still refuse (a base's file that does not decode), and
+        # nothing may fail once the state is loaded
+        self.differential.adopt(self.run_dir, loaded.verified, loaded.base, loaded.decoded)
         ident = begin.resume_from(
             state,
             loaded,
@@ -182,7 +186,6 @@ class Restoring:
         )
         self.identity = ident
         self.last_saved = ident.step
-        self.differential.adopt(self.run_dir, loaded.verified, loaded.base, loaded.decoded)
         self._event(begin.resume_event(loaded, ident, self.world.size, replaced=replaced))
         return ident.step
 

@@ -26,6 +26,10 @@ from recovery.run import policy
 
 log = logging.getLogger(__name__)
 
+INCOMING = ".incoming-"
+"""``<run>/best/.incoming-<delta>``: names the base a best copy of that delta brought in,
+until the delta is in place (:func:`keep_best`, :func:`tidy_best`)."""
+
 
 def after_commit(
     cfg: CheckpointConfig,
@@ -95,6 +99,18 @@ def tidy_best(run_dir: Path) -> list[Path]:
     if not best_dir.is_dir():
         return []
     removed = commit.remove_stale(best_dir)
+    for mark in sorted(best_dir.glob(INCOMING + "*")):
+        # a delta's copy was cut short after its base was brought in: that base is no best
+        brought = best_dir / mark.read_text().strip()
+        if (
+            parse_step(brought.name) is not None
+            and not (best_dir / mark.name[len(INCOMING) :]).is_dir()
+        ):
+            log.warning("removing %s: brought for a best copy that never committed", brought)
+            commit.discard(brought)
+            removed.append(brought)
+        mark.unlink()
+        commit.fsync_dir(best_dir)
     kept = scan(best_dir).committed
     needed = _base_name(kept[-1][1]) if kept else None
     for _, old in kept[:-1]:
@@ -202,11 +218,17 @@ def keep_best(
         return False
     best_dir.mkdir(exist_ok=True)
     base = chain.base_of(mf, final)
+    mark = best_dir / f"{INCOMING}{final.name}"
     if base is not None and not _holds(best_dir / base.name, base.digest, trust):
-        # a delta's copy needs its base beside it: copied first, an older best meanwhile
-        commit.discard(best_dir / base.name, reaper=reaper)
-        _copy(chain.base_path(final, base), best_dir)
-    _copy(final, best_dir, fault=f"best-copy-{mf.step}")
+        # a delta's copy needs its base beside it: brought first, marked as brought for
+        # this delta, so a kill before the delta is in place leaves the mark, and
+        # tidy_best removes that base instead of taking it for the newest best
+        commit.write_file(mark, base.name.encode())
+        commit.fsync_dir(best_dir)
+        _copy(chain.base_path(final, base), best_dir, reaper=reaper)
+    _copy(final, best_dir, fault=f"best-copy-{mf.step}", reaper=reaper)
+    if mark.exists():
+        mark.unlink()
     faults.reach(f"best-swap-{mf.step}")  # both committed, the old not yet removed
     keep = {final.name, *([base.name] if base is not None else [])}
     for old in current:
@@ -218,14 +240,19 @@ def keep_best(
 
 
 def _holds(path: Path, digest: str, trust: TrustStore) -> bool:
-    """Whether ``path`` is a committed checkpoint with subject digest ``digest``."""
+    """Whether ``path`` is a committed checkpoint with subject digest ``digest`` whose every
+    file verifies."""
+    if not path.is_dir():
+        return False
     try:
-        return reader.read_manifest(path, trust, allow_untrusted=True).root == digest
+        return reader.read_verified(path, trust, allow_untrusted=True).manifest.root == digest
     except RecoveryError:
         return False
 
 
-def _copy(source: Path, into: Path, *, fault: str | None = None) -> None:
+def _copy(
+    source: Path, into: Path, *, fault: str | None = None, reaper: Reaper | None = None
+) -> None:
     """Copy the committed ``source`` into the directory ``into`` atomically: independent
     files (not links, subdirectories included), fsynced, then renamed into place. A
     kill after ``fault`` (the copy complete, not yet committed) leaves a temp directory."""
@@ -240,6 +267,8 @@ def _copy(source: Path, into: Path, *, fault: str | None = None) -> None:
     if fault:
         faults.reach(fault)
     # published before the old best goes: a kill in between leaves two committed, and
-    # the newer (better, or it would not have been copied) is the one readers take
+    # the newer (better, or it would not have been copied) is the one readers take. One
+    # of that name (another branch's) goes only once the copy is complete
+    commit.discard(into / source.name, reaper=reaper)
     os.rename(tmp, into / source.name)
     commit.fsync_dir(into)

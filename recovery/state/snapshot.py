@@ -131,15 +131,36 @@ def decode(verified: Verified, base: Verified | None = None) -> Decoded:
 
 
 def _patched(doc: dict[str, Any], *, where: Any) -> dict[str, Any]:
-    """A delta's patched tables by component (``{}`` for a full checkpoint).
+    """A delta's patched tables by component (``{}`` for a full checkpoint), its record
+    checked whole: ``sequence`` an int >= 1, ``tables`` ``{component: {key: {"changed":
+    int, "rows": int}}}``.
 
     Raises:
-        FormatError: the ``differential`` record is not a mapping of mappings.
+        FormatError: naming ``state.json``, the record is malformed.
     """
-    record = doc.get(DIFFERENTIAL, {})
-    tables = record.get("tables", {}) if isinstance(record, dict) else None
-    if not isinstance(tables, dict) or not all(isinstance(t, dict) for t in tables.values()):
-        raise FormatError(f"{where}: malformed {DIFFERENTIAL} record {record!r}", path=where)
+    if DIFFERENTIAL not in doc:
+        return {}
+    record = doc[DIFFERENTIAL]
+    tables = record.get("tables") if isinstance(record, dict) else None
+    sequence = record.get("sequence") if isinstance(record, dict) else None
+
+    def counts(entry: Any) -> bool:
+        return isinstance(entry, dict) and all(
+            type(entry.get(k)) is int and entry[k] >= 0 for k in ("changed", "rows")
+        )
+
+    ok = (
+        type(sequence) is int
+        and sequence >= 1
+        and isinstance(tables, dict)
+        and all(isinstance(t, dict) and all(counts(e) for e in t.values()) for t in tables.values())
+    )
+    if not ok or not isinstance(tables, dict):
+        raise FormatError(
+            f"{where}: malformed {DIFFERENTIAL} record (expected sequence >= 1 and tables "
+            "{component: {key: {changed, rows}}}); resume from another checkpoint",
+            path=where,
+        )
     return tables
 
 

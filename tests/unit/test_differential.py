@@ -9,7 +9,7 @@ from torch import nn
 from recovery.config import CheckpointConfig, DifferentialConfig
 from recovery.errors import BrokenChainError
 from recovery.format.layout import BEST_DIR, scan, step_dir_name
-from recovery.run import resume
+from recovery.run import resume, retention
 from recovery.run.checkpointer import Checkpointer
 from recovery.run.journal import Journal, read
 from recovery.state.registry import TrainState
@@ -236,3 +236,58 @@ def test_the_best_copy_of_a_delta_brings_its_base(tmp_path, signer, trust, prov)
             chosen.decoded.tree, resume.load(run_dir / step_dir_name(steps), trust).decoded.tree
         )
         shutil.rmtree(run_dir.parent)
+
+
+def test_a_best_copy_killed_after_bringing_its_base_leaves_the_old_best(
+    tmp_path, signer, trust, prov
+):
+    cfg = differential_config(
+        tmp_path, keep_last=10, keep_best=True, best_metric="score", best_mode="max"
+    )
+    run_dir = _train(cfg, tmp_path, 12, signer, trust, prov, sparse_state(), score={4: 5})
+    best = run_dir / BEST_DIR
+    assert [p.name for _, p in scan(best).committed] == [step_dir_name(2), step_dir_name(4)]
+    # step 10 (a delta of 8) beat it: its base was brought in, then the kill, before the
+    # delta's copy was in place: the base is the newest directory of best/
+    shutil.copytree(run_dir / step_dir_name(8), best / step_dir_name(8))
+    (best / f"{retention.INCOMING}{step_dir_name(10)}").write_text(step_dir_name(8))
+    removed = retention.tidy_best(run_dir)
+    assert removed == [best / step_dir_name(8)]
+    assert [p.name for _, p in scan(best).committed] == [step_dir_name(2), step_dir_name(4)]
+    assert resume.select(run_dir, "best", trust).path == best / step_dir_name(4)
+    assert not list(best.glob(f"{retention.INCOMING}*"))
+
+
+def test_a_malformed_differential_record_is_refused_by_name(chain_run, signer, trust):
+    import json
+
+    from recovery.errors import FormatError
+    from tests.conftest import resign
+
+    diff, _ = chain_run
+    target = diff / step_dir_name(12)
+    state_file = target / "state.json"
+    doc = json.loads(state_file.read_text())
+    doc["differential"]["sequence"] = "two"
+    state_file.chmod(0o644)
+    state_file.write_text(json.dumps(doc))
+    digest = __import__("hashlib").sha256(state_file.read_bytes()).hexdigest()
+    size = state_file.stat().st_size
+
+    def edit(statement):
+        for res in statement["predicate"]["resources"]:
+            if res["name"] == "state.json":
+                res["digest"] = digest
+        statement["predicate"]["recovery"]["sizes"]["state.json"] = size
+
+    resign(target, signer, edit)
+    with pytest.raises(FormatError, match="state.json: malformed differential record"):
+        resume.load(target, trust)
+
+
+def test_a_delta_named_by_a_relative_path_finds_its_base(chain_run, trust, monkeypatch):
+    from pathlib import Path
+
+    diff, _ = chain_run
+    monkeypatch.chdir(diff / step_dir_name(12))
+    assert resume.load(Path("."), trust).delta["base"] == step_dir_name(8)
