@@ -73,6 +73,7 @@ import torch
 from recovery.format import delta
 from recovery.integrity.signing import TrustStore, generate_keypair
 from recovery.run import resume
+from recovery.tools.drill import dvc_repo
 
 ROOT = Path(__file__).resolve().parent.parent
 TRAIN = ROOT / "train.py"
@@ -144,17 +145,8 @@ class Bench:
 
 def dvc_project(root: Path) -> None:
     """``root`` as a git + DVC repository with a local default remote (``root/remote``,
-    ignored by git), as ``make demo`` sets one up."""
-    root.mkdir(parents=True)
-    dvc = str(Path(sys.executable).with_name("dvc"))
-    for cmd in (
-        ["git", "init", "-q"],
-        [dvc, "init", "-q"],
-        [dvc, "config", "core.analytics", "false"],
-        [dvc, "config", "cache.type", "hardlink,symlink"],
-        [dvc, "remote", "add", "-d", "local", str(root / "remote")],
-    ):
-        subprocess.run(cmd, cwd=root, check=True, capture_output=True)
+    ignored by git), as the drill's ``--dvc`` makes one."""
+    dvc_repo(root)
     (root / ".gitignore").write_text("/remote\n")
 
 

@@ -136,7 +136,7 @@ def run(
     points = killpoints.choose_points(rng, kills=kills, **plan.schedule())
     extra: list[str] = []
     if plan.dvc:
-        _dvc_repo(plan.out)
+        dvc_repo(plan.out)
         extra = ["checkpoint.dvc.push=true"]
     else:
         extra = ["checkpoint.dvc.enabled=false"]
@@ -180,8 +180,9 @@ def run(
     )
 
 
-def _dvc_repo(out: Path) -> None:
-    """Make ``out`` a throwaway git + DVC repository with a local default remote."""
+def dvc_repo(out: Path) -> None:
+    """Make ``out`` a throwaway git + DVC repository with a local default remote
+    (``out/remote``): the drill's ``--dvc`` and ``make bench-diff --dvc`` use it."""
     out.mkdir(parents=True, exist_ok=True)
     env = {**os.environ, "DVC_NO_ANALYTICS": "1"}
     dvc = str(Path(sys.executable).with_name("dvc"))
