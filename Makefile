@@ -43,7 +43,7 @@ bench: $(STAMP)
 
 # The distributed commit against DCP alone, in one 2-rank torchrun job (gloo on CPU).
 bench-dist: $(STAMP)
-	$(BIN)/python benchmarks/bench_distributed.py --nproc 2 --size-mb 256 --runs 5 --json .bench-dist.json
+	$(BIN)/python benchmarks/bench_distributed.py --nproc 2 --size-mb 256 --runs 6 --json .bench-dist.json
 
 # Differential against full checkpoints on a large sparse embedding run (train.py subprocesses).
 bench-diff: $(STAMP)

@@ -1,4 +1,4 @@
-"""DCP reads the verified bytes, never the disk; and what DCP writes is hashed as written.
+"""DCP reads the verified bytes, never the disk; and what DCP writes is hashed as it is synced.
 
 ``torch.distributed.checkpoint`` unpickles ``dcp/.metadata`` and loads each
 shard record with ``torch.load`` when *it* decides to, from the paths its
@@ -14,10 +14,17 @@ the verification of the shards (:class:`~recovery.integrity.reader.Deferred`)
 to the moment DCP asks for one: a rank reads and hashes only the shards its
 load plan reads, and DCP gets the very bytes that were just hashed.
 
-:class:`HashingWriter` is DCP's own file-system writer whose streams hash
-every byte on its way to the file: each rank knows the sha256 of the shards
-it wrote without reading them back (which cost a third of a bare
-``dcp.save`` per save, measured).
+:class:`HashingWriter` is DCP's own file-system writer whose every file is
+hashed as it is made durable: when DCP closes a file, its fsync and a read of
+the same file back through a second descriptor run at once, so each rank
+knows the sha256 of the shards it wrote and the hash hides under the wait for
+the disk (measured: fsync with the read-back hash took as long as fsync alone,
+0.84-0.98 s per rank for 385 MB). Rejected: hashing each buffer as DCP writes
+it, on the writer's thread (the sha256 came on top of the save, 0.3 s per rank
+on two cores), and on a thread of its own (``torch.save`` hands its stream
+views of memory it may free once the call returns: only the file's bytes
+outlive the write); reading the shards back after the save (a third of a bare
+``dcp.save``).
 """
 
 from __future__ import annotations
@@ -40,6 +47,7 @@ from torch.distributed.checkpoint.filesystem import (
 
 from recovery.errors import FormatError
 from recovery.format.layout import DCP_DIR
+from recovery.format.tensorfile import CHUNK
 from recovery.integrity.reader import Deferred
 
 
@@ -117,22 +125,25 @@ class VerifiedReader(FileSystemReader):
 
 
 class _HashingStream(io.RawIOBase):
-    """A file opened for writing that hashes (sha256) every byte written through it."""
+    """A file opened for writing that, on close, is fsynced while a second descriptor on
+    the same file (opened with it: the same inode, whatever happens to the name) reads it
+    back and hashes it; :attr:`digest` and :attr:`size` are then the file's."""
 
-    def __init__(self, raw: Any) -> None:
+    def __init__(self, raw: Any, path: Path) -> None:
         super().__init__()
         self._raw = raw
-        self.digest = hashlib.sha256()
+        self._path = path
+        self._back = os.open(path, os.O_RDONLY | os.O_NOFOLLOW)
+        self.written = 0
+        self.digest = ""
         self.size = 0
 
     def writable(self) -> bool:
         return True
 
     def write(self, data: Any) -> int:
-        view = memoryview(data).cast("B")
-        written = self._raw.write(view)
-        self.digest.update(view[:written])
-        self.size += written
+        written = self._raw.write(data)
+        self.written += written
         return int(written)
 
     def tell(self) -> int:
@@ -146,10 +157,52 @@ class _HashingStream(io.RawIOBase):
             self._raw.flush()
 
     def close(self) -> None:
-        if not self.closed:
+        if self.closed:
+            return
+        try:
             self.flush()
+            self._durable_and_hashed()
+        finally:
             self._raw.close()
-        super().close()
+            os.close(self._back)
+            super().close()
+
+    def _durable_and_hashed(self) -> None:
+        result: list[tuple[str, int] | BaseException] = []
+
+        def hash_back() -> None:
+            try:
+                result.append(_hash_fd(self._back))
+            except BaseException as err:  # re-raised on the writer's thread below
+                result.append(err)
+
+        reader = threading.Thread(target=hash_back, name="recovery-dcp-hash", daemon=True)
+        reader.start()
+        try:
+            os.fsync(self._raw.fileno())  # releases the GIL, as the read and sha256 do
+        finally:
+            reader.join()
+        outcome = result[0]
+        if isinstance(outcome, BaseException):
+            raise outcome
+        self.digest, self.size = outcome
+        if self.size != self.written:
+            raise OSError(
+                f"{self._path}: {self.written} bytes written but {self.size} read back; "
+                "the file changed while it was written. Save again."
+            )
+
+
+def _hash_fd(fd: int) -> tuple[str, int]:
+    """sha256 and size of the file open on ``fd``, read from its start (positioned reads:
+    the descriptor's offset is not used)."""
+    digest = hashlib.sha256()
+    buffer = memoryview(bytearray(CHUNK))
+    size = 0
+    while got := os.preadv(fd, [buffer], size):
+        digest.update(buffer[:got])
+        size += got
+    return digest.hexdigest(), size
 
 
 class _HashingFiles(FileSystem):
@@ -174,13 +227,13 @@ class _HashingFiles(FileSystem):
                 yield stream
             return
         with Path(path).open(mode) as raw:
-            stream = _HashingStream(raw)
+            stream = _HashingStream(raw, Path(path))
             try:
                 yield stream
             finally:
                 stream.close()
         with self._lock:
-            self.records[self._name(path)] = (stream.digest.hexdigest(), stream.size)
+            self.records[self._name(path)] = (stream.digest, stream.size)
 
     def rename(self, path: str | os.PathLike[str], new_path: str | os.PathLike[str]) -> None:
         super().rename(path, new_path)
@@ -190,11 +243,13 @@ class _HashingFiles(FileSystem):
 
 
 class HashingWriter(FileSystemWriter):
-    """DCP's file-system writer (``sync_files=True``) into ``directory``; after a save,
-    :attr:`records` holds the sha256 and size of every file this rank wrote there."""
+    """DCP's file-system writer into ``directory``, every file fsynced before DCP goes on
+    (by its stream, with the hash: DCP's own ``sync_files`` is off so as not to fsync
+    twice); after a save, :attr:`records` holds the sha256 and size of every file this
+    rank wrote there."""
 
     def __init__(self, directory: Path) -> None:
-        super().__init__(directory, sync_files=True)
+        super().__init__(directory, sync_files=False)
         self._files = _HashingFiles(Path(directory))
         self.fs = self._files  # type: ignore[assignment]
 

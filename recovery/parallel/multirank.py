@@ -176,9 +176,10 @@ def write_parts(
             path=final,
         ) from err
     faults.reach(f"rank-{world.rank}-sharded-{step}")
-    # each rank hashed what it wrote as it wrote it, and sends rank 0 the digests: rank 0
-    # reading every rank's shards back would be the whole checkpoint's size in reads on one
-    # node, and each rank reading its own back cost a third of a bare dcp.save (measured)
+    # each rank hashed what it wrote while fsync waited for the disk, and sends rank 0 the
+    # digests: rank 0 reading every rank's shards back would be the whole checkpoint's size
+    # in reads on one node, and a rank reading its own back after the save cost a third of a
+    # bare dcp.save (measured)
     records = [
         *own_records,
         *(FileRecord(f"{DCP_DIR}/{name}", *record) for name, record in written.items()),

@@ -234,7 +234,7 @@ def write(
 
     Returns:
         The files this rank wrote (names relative to ``directory``; rank 0's include DCP's
-        ``.metadata``) -> (sha256, size), hashed as they were written.
+        ``.metadata``) -> (sha256, size), each hashed while it was fsynced.
 
     Raises:
         BaseException: DCP's failure, :func:`dcp_failure` (the caller says what it means).

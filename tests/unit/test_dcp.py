@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import hashlib
+import os
 import pickle
 import subprocess
 import sys
@@ -122,8 +124,7 @@ def test_a_racing_writer_never_gets_its_payload_run(tmp_path, signer, trust):
     assert refused > 0 and loaded > 0, (loaded, refused)  # both outcomes were exercised
 
 
-def test_the_hashing_writer_records_what_dcp_wrote_without_reading_it_back(tmp_path):
-    import hashlib
+def test_the_hashing_writer_records_the_sha256_of_every_file_dcp_wrote(tmp_path):
     import warnings
 
     from torch.distributed.checkpoint.state_dict_loader import load as dcp_load
@@ -147,3 +148,33 @@ def test_the_hashing_writer_records_what_dcp_wrote_without_reading_it_back(tmp_p
         warnings.simplefilter("ignore")
         dcp_load(back, checkpoint_id=str(tmp_path / "dcp"), no_dist=True)
     assert torch.equal(back["w"], state["w"]) and torch.equal(back["b"], state["b"])
+
+
+def test_a_file_that_changes_while_dcp_writes_it_is_refused_not_recorded(tmp_path):
+    """The digest is of the file read back, so a file cut short by someone else between
+    DCP's write and its close is caught: its size no longer matches what was written."""
+    from recovery.integrity.dcp import HashingWriter
+
+    writer = HashingWriter(tmp_path)
+    target = tmp_path / "shard.distcp"
+    refused = pytest.raises(OSError, match="shard.distcp: 4096 bytes written but 10 read back")
+    with refused, writer.fs.create_stream(target, "wb") as stream:
+        stream.write(b"x" * 4096)
+        stream.flush()
+        os.truncate(target, 10)
+    assert writer.records == {}
+
+
+def test_the_hashing_writer_fsyncs_every_file_itself(tmp_path, monkeypatch):
+    """DCP's own fsync is off (sync_files=False), so each stream must fsync its file."""
+    import recovery.integrity.dcp as dcp_module
+
+    synced: list[int] = []
+    real = os.fsync
+    monkeypatch.setattr(dcp_module.os, "fsync", lambda fd: (synced.append(fd), real(fd))[1])
+    writer = dcp_module.HashingWriter(tmp_path)
+    assert writer.sync_files is False
+    with writer.fs.create_stream(tmp_path / "a.distcp", "wb") as stream:
+        stream.write(b"abc")
+    assert len(synced) == 1
+    assert writer.records == {"a.distcp": (hashlib.sha256(b"abc").hexdigest(), 3)}
