@@ -38,7 +38,7 @@ clean:
 # Speed is a benchmark, never a test: results go to BENCHMARKS.md by hand.
 bench: $(STAMP)
 	$(BIN)/python benchmarks/bench_checkpoint.py --size-gb 1.0 --runs 5 --json .bench.json
-	$(BIN)/python benchmarks/bench_checkpoint.py --scaling 0.25,1,4 --runs 3 --json .bench-scaling.json
+	$(BIN)/python benchmarks/bench_checkpoint.py --scaling 0.25,1,4 --runs 5 --json .bench-scaling.json
 	$(BIN)/python benchmarks/bench_first_step.py --size-gb 1.0 --runs 5 --json .bench-first-step.json
 
 # The distributed commit against DCP alone, in one 2-rank torchrun job (gloo on CPU).
