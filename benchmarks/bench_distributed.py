@@ -31,7 +31,7 @@ training step would wait for.
 Each timed save starts from the same memory: the page cache of every file
 under the scratch directory is dropped first (``posix_fadvise(DONTNEED)``,
 outside the timing). On this VM, writing into memory just freed runs at 2.4
-GB/s, and into memory the kernel must take afresh at 0.4-0.9 GB/s (measured: a
+GB/s, and into memory the kernel must take afresh at 0.4-1.0 GB/s (measured: a
 384 MiB write took 0.15-0.18 s after the cache was dropped, 0.4-0.95 s
 without); without the drop, the method that ran after a deletion (retention's,
 or the benchmark's own) wrote fast and the other slow: ours was 1.41x DCP when
