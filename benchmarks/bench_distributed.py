@@ -61,9 +61,11 @@ import torch
 def drop_page_cache(root: Path) -> None:
     """Drop the page cache of every file under ``root`` (see the module's docstring)."""
     for path in root.rglob("*"):
+        if path.is_symlink() or not path.is_file():
+            continue
         try:
             fd = os.open(path, os.O_RDONLY)
-        except (FileNotFoundError, IsADirectoryError):
+        except FileNotFoundError:
             continue
         try:
             os.posix_fadvise(fd, 0, 0, os.POSIX_FADV_DONTNEED)

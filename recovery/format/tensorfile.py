@@ -205,14 +205,29 @@ def hash_file(
     progress: Callable[[int], None] | None = None,
 ) -> tuple[str, int]:
     """The digest and size of a file already on disk (a symlink is refused, not followed)."""
+    fd = os.open(path, os.O_RDONLY | os.O_NOFOLLOW)
+    try:
+        return hash_fd(fd, algorithm=algorithm, progress=progress)
+    finally:
+        os.close(fd)
+
+
+def hash_fd(
+    fd: int,
+    *,
+    algorithm: str = digests.SHA256,
+    progress: Callable[[int], None] | None = None,
+) -> tuple[str, int]:
+    """The digest and size of the file open on ``fd``, read from its start with positioned
+    reads (the descriptor's offset is neither used nor moved) into one reused buffer."""
     digest = digests.new(algorithm)
+    buffer = memoryview(bytearray(CHUNK))
     size = 0
-    with os.fdopen(os.open(path, os.O_RDONLY | os.O_NOFOLLOW), "rb") as fh:
-        while chunk := fh.read(CHUNK):
-            digest.update(chunk)
-            size += len(chunk)
-            if progress is not None:
-                progress(len(chunk))
+    while got := os.preadv(fd, [buffer], size):
+        digest.update(buffer[:got])
+        size += got
+        if progress is not None:
+            progress(got)
     return digest.hexdigest(), size
 
 

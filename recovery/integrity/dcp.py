@@ -29,7 +29,6 @@ outlive the write); reading the shards back after the save (a third of a bare
 
 from __future__ import annotations
 
-import hashlib
 import io
 import os
 import threading
@@ -46,8 +45,8 @@ from torch.distributed.checkpoint.filesystem import (
 )
 
 from recovery.errors import FormatError
+from recovery.format import tensorfile
 from recovery.format.layout import DCP_DIR
-from recovery.format.tensorfile import CHUNK
 from recovery.integrity.reader import Deferred
 
 
@@ -172,7 +171,7 @@ class _HashingStream(io.RawIOBase):
 
         def hash_back() -> None:
             try:
-                result.append(_hash_fd(self._back))
+                result.append(tensorfile.hash_fd(self._back))
             except BaseException as err:  # re-raised on the writer's thread below
                 result.append(err)
 
@@ -191,18 +190,6 @@ class _HashingStream(io.RawIOBase):
                 f"{self._path}: {self.written} bytes written but {self.size} read back; "
                 "the file changed while it was written. Save again."
             )
-
-
-def _hash_fd(fd: int) -> tuple[str, int]:
-    """sha256 and size of the file open on ``fd``, read from its start (positioned reads:
-    the descriptor's offset is not used)."""
-    digest = hashlib.sha256()
-    buffer = memoryview(bytearray(CHUNK))
-    size = 0
-    while got := os.preadv(fd, [buffer], size):
-        digest.update(buffer[:got])
-        size += got
-    return digest.hexdigest(), size
 
 
 class _HashingFiles(FileSystem):

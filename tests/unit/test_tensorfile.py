@@ -1,6 +1,7 @@
 """The streaming writer produces files the official safetensors reader accepts, bit for bit."""
 
 import hashlib
+import os
 import pickle
 
 import pytest
@@ -146,3 +147,23 @@ def test_progress_bar_only_on_a_terminal(monkeypatch, capsys):
     with progress.bytes_bar(progress.MIN_BYTES - 1, "small") as update:
         update(1)
     assert capsys.readouterr().err == ""
+
+
+def test_hash_fd_reads_the_whole_file_without_moving_the_descriptor(tmp_path):
+    """The DCP writer hashes a file through a second descriptor while it is fsynced: the
+    digest is of every byte from the start, whatever that descriptor's offset."""
+
+    data = os.urandom(tensorfile.CHUNK + 12345)  # more than one buffer
+    path = tmp_path / "f.bin"
+    path.write_bytes(data)
+    seen: list[int] = []
+    fd = os.open(path, os.O_RDONLY)
+    try:
+        os.lseek(fd, 100, os.SEEK_SET)
+        got = tensorfile.hash_fd(fd, progress=seen.append)
+        assert os.lseek(fd, 0, os.SEEK_CUR) == 100
+    finally:
+        os.close(fd)
+    assert got == (hashlib.sha256(data).hexdigest(), len(data))
+    assert sum(seen) == len(data) and len(seen) == 2
+    assert tensorfile.hash_file(path) == got
