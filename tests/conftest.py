@@ -18,6 +18,7 @@ from recovery.provenance.purpose import BUILTIN
 from recovery.state import snapshot
 from recovery.state.registry import TrainState
 from recovery.state.sampler import ResumableSampler
+from tests import launcher
 
 
 def tensor_bytes(tensors) -> bytes:
@@ -118,6 +119,15 @@ def checkpoint(tmp_path, signer):
     train_steps(state, 3)
     commit_state(tmp_path / "run", state, 3, signer)
     return tmp_path / "run" / step_dir_name(3), state
+
+
+@pytest.fixture(autouse=True, scope="session")
+def _launched():
+    """Test processes start from the preloaded launcher (:mod:`tests.launcher`), drills'
+    runs included; its servers end with the session."""
+    launcher.patch_drills()
+    yield
+    launcher.close_all()
 
 
 @pytest.fixture(autouse=True, scope="session")

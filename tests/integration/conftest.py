@@ -21,6 +21,7 @@ from recovery.integrity.trust import KEY_ENV
 from recovery.run import resume
 from recovery.run.journal import effective_steps
 from recovery.tools.drill import flat_tensors
+from tests import launcher
 
 ROOT = Path(__file__).resolve().parents[2]
 TRAIN = ROOT / "train.py"
@@ -110,7 +111,7 @@ def trainer(data_root, signer):
                 env[faults.RELEASE_ENV] = str(root / "release")
         log_path = root / f"train-{time.monotonic_ns()}.log"
         with open(log_path, "w") as log:
-            proc = subprocess.Popen(
+            proc = launcher.Popen(
                 cmd,
                 cwd=cwd or root,
                 stdout=log,
@@ -171,7 +172,7 @@ def reference(tmp_path_factory, data_root, signer):
         *SMALL,
     ]
     env = {**os.environ, KEY_ENV: str(signer.path)}
-    done = subprocess.run(cmd, cwd=root, capture_output=True, text=True, timeout=300, env=env)
+    done = launcher.run(cmd, cwd=root, capture_output=True, text=True, timeout=300, env=env)
     assert done.returncode == 0, done.stdout + done.stderr
     return root / "r"
 
@@ -203,17 +204,29 @@ def assert_same_run(reference: Path, run_dir: Path, trust) -> None:
 
 
 def run_killed_at(
-    cmd: list[str], *, env: dict[str, str], cwd: Path, pause_at: str | None
+    cmd: list[str],
+    *,
+    env: dict[str, str],
+    cwd: Path,
+    pause_at: str | None,
+    profile: str = "full",
 ) -> tuple[int, str]:
-    """Run ``cmd``; with ``pause_at``, SIGKILL it once it reaches that fault point.
+    """Run ``cmd``; with ``pause_at``, SIGKILL it once it reaches that fault point
+    (``profile``: the launcher's, see :mod:`tests.launcher`).
 
     Returns its exit status (``-SIGKILL`` when killed) and its output.
     """
     mark = cwd / f"paused-{os.getpid()}-{time.monotonic_ns()}.mark"
     if pause_at:
         env = {**env, faults.PAUSE_ENV: pause_at, faults.MARK_ENV: str(mark)}
-    proc = subprocess.Popen(
-        cmd, env=env, cwd=cwd, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True
+    proc = launcher.Popen(
+        cmd,
+        env=env,
+        cwd=cwd,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.STDOUT,
+        text=True,
+        profile=profile,
     )
     if pause_at:
         deadline = time.monotonic() + 120
@@ -248,9 +261,7 @@ def job(tmp_path_factory, data_root, signer):
                 *([f"dist.strategy={strategy}"] if strategy else []),
             ]
             env = {**os.environ, KEY_ENV: str(signer.path)}
-            out = subprocess.run(
-                cmd, cwd=root, capture_output=True, text=True, timeout=300, env=env
-            )
+            out = launcher.run(cmd, cwd=root, capture_output=True, text=True, timeout=300, env=env)
             assert out.returncode == 0, out.stdout + out.stderr
             done[key] = root / "r"
         return done[key]

@@ -1,11 +1,11 @@
 """The benchmark scripts still run end to end (on a tiny state; speed is never asserted)."""
 
 import json
-import subprocess
 import sys
 
 import pytest
 
+from tests import launcher
 from tests.integration.conftest import ROOT
 
 pytestmark = pytest.mark.integration
@@ -25,7 +25,7 @@ def test_benchmark_runs_and_reports_every_method(tmp_path):
         "--json",
         str(out),
     ]
-    done = subprocess.run(cmd, capture_output=True, text=True, timeout=300)
+    done = launcher.run(cmd, capture_output=True, text=True, timeout=300)
     assert done.returncode == 0, done.stdout + done.stderr
     result = json.loads(out.read_text())
     assert set(result["median_s"]) == {
@@ -51,7 +51,7 @@ def test_benchmark_runs_and_reports_every_method(tmp_path):
 def run(script: str, *args: str, tmp_path) -> dict:
     out = tmp_path / f"{script}.json"
     cmd = [sys.executable, str(ROOT / "benchmarks" / script), *args, "--json", str(out)]
-    done = subprocess.run(cmd, capture_output=True, text=True, timeout=300)
+    done = launcher.run(cmd, capture_output=True, text=True, timeout=300)
     assert done.returncode == 0, done.stdout + done.stderr
     return json.loads(out.read_text())
 

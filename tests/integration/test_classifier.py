@@ -4,13 +4,13 @@ from __future__ import annotations
 
 import json
 import os
-import subprocess
 import sys
 
 import pytest
 
 from recovery import cli
 from recovery.run.journal import effective_steps
+from tests import launcher
 from tests.integration.conftest import ROOT, TRAIN
 
 pytestmark = pytest.mark.integration
@@ -28,7 +28,7 @@ def test_worker_count_does_not_change_batches_or_losses(tmp_path, signer):
     env = {**os.environ, "RECOVERY_SIGNING_KEY": str(signer.path)}
     for workers in (0, 1, 2):
         root = tmp_path / f"w{workers}"
-        done = subprocess.run(
+        done = launcher.run(
             [
                 sys.executable,
                 str(TRAIN),

@@ -4,13 +4,13 @@ the input named, no traceback, and nothing left behind."""
 from __future__ import annotations
 
 import os
-import subprocess
 import sys
 from pathlib import Path
 
 import pytest
 
 from recovery.format.layout import SIGNATURE_FILE, step_dir_name
+from tests import launcher
 from tests.conftest import commit_state, make_signer, tiny_state
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -65,7 +65,7 @@ def test_bad_input_is_one_line_with_the_readmes_code(tmp_path, command, code, na
     env.pop("RECOVERY_SIGNING_KEY")
     run_root = tmp_path / "ckpts"
     extra = [f"checkpoint.root={run_root}", "run.name=r"] if program == "train.py" else []
-    done = subprocess.run(
+    done = launcher.run(
         [*argv, *args, *extra], cwd=ROOT, env=env, capture_output=True, text=True, timeout=300
     )
     err = done.stderr.strip()

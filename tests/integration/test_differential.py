@@ -5,7 +5,6 @@ from __future__ import annotations
 import json
 import os
 import shutil
-import subprocess
 import sys
 from pathlib import Path
 
@@ -18,6 +17,7 @@ from recovery.format.layout import METRICS_FILE, scan, step_dir_name
 from recovery.integrity.trust import KEY_ENV
 from recovery.run import resume
 from recovery.run.journal import read
+from tests import launcher
 from tests.integration.conftest import ROOT, SMALL, assert_same_run
 from tests.integration.test_tracking import project, train  # noqa: F401  (project: a fixture)
 from tests.unit.test_differential import sparse_state, train_step
@@ -77,7 +77,7 @@ def test_export_and_warm_start_read_a_delta_through_its_base(
     overrides = [*SMALL, *DIFF, "train.steps=50", f"recipe.data.root={diff_data}"]
     overrides += [f"checkpoint.root={tmp_path / 'a'}", "export.source=50", f"export.out={out}"]
     recovery = str(Path(sys.executable).with_name("recovery"))
-    done = subprocess.run(
+    done = launcher.run(
         [recovery, "export", *overrides],
         cwd=ROOT,
         capture_output=True,

@@ -15,6 +15,7 @@ import torch
 
 from recovery.format.layout import METRICS_FILE, step_dir_name
 from recovery.integrity.trust import KEY_ENV
+from tests import launcher
 from tests.integration.conftest import STEPS
 
 RECOVERY = str(Path(sys.executable).parent / "recovery")
@@ -22,7 +23,7 @@ RECOVERY = str(Path(sys.executable).parent / "recovery")
 
 def recovery(*argv: str, signer) -> subprocess.CompletedProcess[str]:
     env = {**os.environ, KEY_ENV: str(signer.path)}
-    return subprocess.run(
+    return launcher.run(
         [RECOVERY, *argv], capture_output=True, text=True, timeout=120, env=env, check=False
     )
 

@@ -17,6 +17,7 @@ from recovery import cli
 from recovery.format.layout import step_dir_name
 from recovery.run import resume
 from recovery.storage import tracking
+from tests import launcher
 from tests.integration.conftest import ROOT, assert_same_run
 
 pytestmark = pytest.mark.integration
@@ -27,7 +28,7 @@ BIN = Path(sys.executable).parent
 def sh(
     cwd: Path, *cmd: str, env: dict[str, str], check: bool = True
 ) -> subprocess.CompletedProcess[str]:
-    done = subprocess.run(list(cmd), cwd=cwd, env=env, capture_output=True, text=True, timeout=600)
+    done = launcher.run(list(cmd), cwd=cwd, env=env, capture_output=True, text=True, timeout=600)
     if check and done.returncode != 0:
         pytest.fail(f"{' '.join(cmd)} exited {done.returncode}:\n{done.stdout}\n{done.stderr}")
     return done

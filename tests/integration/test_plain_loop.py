@@ -4,7 +4,6 @@ from __future__ import annotations
 
 import os
 import signal
-import subprocess
 import sys
 from pathlib import Path
 
@@ -17,6 +16,7 @@ from recovery.integrity.trust import KEY_ENV
 from recovery.run import resume
 from recovery.run.journal import effective_steps, read
 from recovery.tools.drill import flat_tensors
+from tests import launcher
 from tests.integration.conftest import run_killed_at
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -49,7 +49,8 @@ def train(run_dir: Path, *args: str, pause_at: str | None = None) -> tuple[int, 
     """Run the example as a user would (core install only); SIGKILL it at ``pause_at``."""
     env = {k: v for k, v in os.environ.items() if k != KEY_ENV}
     cmd = [sys.executable, "-c", BLOCK, str(SCRIPT), "--run-dir", str(run_dir), *args]
-    return run_killed_at(cmd, env=env, cwd=run_dir.parent, pause_at=pause_at)
+    # the core profile: the optional dependencies are not preloaded, so BLOCK can hide them
+    return run_killed_at(cmd, env=env, cwd=run_dir.parent, pause_at=pause_at, profile="core")
 
 
 def final_tensors(run_dir: Path, step: int) -> dict[str, torch.Tensor]:
@@ -105,7 +106,7 @@ def test_recovery_drill_of_the_example(tmp_path: Path, drop: str | None) -> None
     out = tmp_path / "drill"
     cmd = [str(Path(sys.executable).parent / "recovery"), "drill", "--kills", "3", "--seed", "0"]
     cmd += ["--out", str(out), "--", sys.executable, str(SCRIPT), "--run-dir", "{run_dir}"]
-    proc = subprocess.run(
+    proc = launcher.run(
         [*cmd, "--workers", "1", "--steps", "30"],
         env=env,
         cwd=tmp_path,

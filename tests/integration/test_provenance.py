@@ -14,6 +14,7 @@ import safetensors.numpy
 from recovery import cli
 from recovery.format.layout import step_dir_name
 from recovery.run.journal import read
+from tests import launcher
 from tests.integration.conftest import ROOT
 
 pytestmark = pytest.mark.integration
@@ -25,7 +26,7 @@ SECRETS = ["+db.password=hunter2-SECRET", "+api_token=tok-SECRET"]
 def model_signing_verify(artifact: Path, pub: Path) -> subprocess.CompletedProcess[str]:
     """The OpenSSF client, verifying ``artifact`` with the public key ``pub``."""
     cmd = [str(MODEL_SIGNING), "verify", "key", "--signature", str(artifact / "model.sig")]
-    return subprocess.run(
+    return launcher.run(
         [*cmd, "--public_key", str(pub), str(artifact)], capture_output=True, text=True
     )
 
@@ -39,9 +40,9 @@ def project(tmp_path):
     for name in ("conf", "recipes"):
         shutil.copytree(ROOT / name, proj / name, ignore=shutil.ignore_patterns("__pycache__"))
     git = ["git", "-C", str(proj), "-c", "user.name=t", "-c", "user.email=t@example.com"]
-    subprocess.run([*git, "init", "-q"], check=True)
-    subprocess.run([*git, "add", "-A"], check=True)
-    subprocess.run([*git, "commit", "-qm", "base"], check=True)
+    launcher.run([*git, "init", "-q"], check=True)
+    launcher.run([*git, "add", "-A"], check=True)
+    launcher.run([*git, "commit", "-qm", "base"], check=True)
     return proj
 
 

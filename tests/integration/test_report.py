@@ -13,7 +13,6 @@ from __future__ import annotations
 import os
 import re
 import shutil
-import subprocess
 import sys
 from html import unescape
 from pathlib import Path
@@ -22,6 +21,7 @@ import pytest
 
 from recovery import cli
 from recovery.integrity.trust import KEY_ENV
+from tests import launcher
 from tests.integration.conftest import run_killed_at
 
 pytestmark = pytest.mark.integration
@@ -59,10 +59,10 @@ def render(page: Path, shot: Path, size: str = "1400,2600") -> str:
     url = page.resolve().as_uri()
     profile = page.parent / "chromium-profile"  # its own profile: no state from elsewhere
     common = [exe, *FLAGS, f"--user-data-dir={profile}", "--hide-scrollbars"]
-    done = subprocess.run([*common, f"--window-size={size}", f"--screenshot={shot}", url],
+    done = launcher.run([*common, f"--window-size={size}", f"--screenshot={shot}", url],
                           capture_output=True, text=True, timeout=120)  # fmt: skip
     assert done.returncode == 0 and shot.exists(), done.stderr[-2000:]
-    dom = subprocess.run([*common, "--dump-dom", url], capture_output=True, text=True,
+    dom = launcher.run([*common, "--dump-dom", url], capture_output=True, text=True,
                          timeout=120)  # fmt: skip
     assert dom.returncode == 0, dom.stderr[-2000:]
     return dom.stdout

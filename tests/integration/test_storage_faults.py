@@ -23,6 +23,7 @@ import pytest
 from recovery import faults
 from recovery.format.layout import step_dir_name
 from recovery.integrity.trust import KEY_ENV
+from tests import launcher
 from tests.integration.conftest import SMALL, TRAIN
 
 pytestmark = pytest.mark.integration
@@ -49,7 +50,7 @@ def train(root: Path, data: Path, signer, *extra: str, fsize: int | None = None,
         if fsize is not None:
             resource.setrlimit(resource.RLIMIT_FSIZE, (fsize, fsize))
 
-    return subprocess.Popen(
+    return launcher.Popen(
         [*UNPRIVILEGED, sys.executable, str(TRAIN), f"checkpoint.root={root}",
          f"recipe.data.root={data}", *SMALL, "checkpoint.dvc.enabled=false", *extra],
         cwd=root.parent, env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
@@ -126,7 +127,7 @@ def test_a_full_disk_fails_the_commit_in_one_line_and_leaves_no_temp(tmp_path, d
 def test_an_unreadable_file_in_the_newest_checkpoint_is_a_fallback(committed, data_root, signer):
     newest = committed / "r" / step_dir_name(80)
     (newest / "optimizer.safetensors").chmod(0)
-    verify = subprocess.run(
+    verify = launcher.run(
         [*UNPRIVILEGED, str(Path(sys.executable).parent / "recovery"), "verify", str(newest),
          "--trusted", str(signer.path.parent)],
         capture_output=True, text=True, timeout=120,

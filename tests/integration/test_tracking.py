@@ -18,6 +18,7 @@ from recovery.format.layout import step_dir_name
 from recovery.run.checkpointer import Checkpointer
 from recovery.run.journal import Journal
 from recovery.storage import tracking
+from tests import launcher
 from tests.conftest import tiny_state, train_steps
 
 pytestmark = pytest.mark.integration
@@ -26,7 +27,7 @@ DVC = str(Path(sys.executable).with_name("dvc"))
 
 
 def dvc(root: Path, *args: str) -> None:
-    subprocess.run([DVC, *args], cwd=root, check=True, capture_output=True)
+    launcher.run([DVC, *args], cwd=root, check=True, capture_output=True)
 
 
 @pytest.fixture
@@ -34,7 +35,7 @@ def project(tmp_path):
     """A git + DVC repository with a local default remote, as `make demo` sets up."""
     root = tmp_path / "proj"
     root.mkdir()
-    subprocess.run(["git", "init", "-q"], cwd=root, check=True)
+    launcher.run(["git", "init", "-q"], cwd=root, check=True)
     dvc(root, "init", "-q")
     dvc(root, "config", "core.analytics", "false")
     dvc(root, "config", "cache.type", "hardlink,symlink")

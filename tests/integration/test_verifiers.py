@@ -20,6 +20,7 @@ from torch import nn
 
 import recovery
 from recovery.format.layout import step_dir_name
+from tests import launcher
 
 pytestmark = pytest.mark.integration
 
@@ -54,7 +55,7 @@ def public_key(tmp_path: Path, signer) -> Path:
 
 def cli_verify(artifact: Path, pub: Path) -> subprocess.CompletedProcess[str]:
     cmd = [str(MODEL_SIGNING), "verify", "key", "--signature", str(artifact / "model.sig")]
-    return subprocess.run(
+    return launcher.run(
         [*cmd, "--public_key", str(pub), str(artifact)], capture_output=True, text=True
     )
 
@@ -87,7 +88,7 @@ def test_the_api_verifies_a_blake3_checkpoint_and_the_cli_refuses_it(tmp_path, s
     assert refused.returncode != 0  # the CLI hashes sha256 whatever the manifest names
     # and recovery's own reader accepts it as its signer wrote it
     cmd = [str(Path(sys.executable).with_name("recovery")), "verify", str(final)]
-    out = subprocess.run([*cmd, "--trusted", str(pub), "--json"], capture_output=True, text=True)
+    out = launcher.run([*cmd, "--trusted", str(pub), "--json"], capture_output=True, text=True)
     assert out.returncode == 0, out.stdout + out.stderr
     assert json.loads(out.stdout)
     shard = next(final.glob("model-00001-of-*.safetensors"))
@@ -96,5 +97,5 @@ def test_the_api_verifies_a_blake3_checkpoint_and_the_cli_refuses_it(tmp_path, s
     shard.write_bytes(bytes(data))
     with pytest.raises(ValueError):
         api_verify(final, pub)
-    damaged = subprocess.run([*cmd, "--trusted", str(pub)], capture_output=True, text=True)
+    damaged = launcher.run([*cmd, "--trusted", str(pub)], capture_output=True, text=True)
     assert damaged.returncode != 0 and "expected blake3" in damaged.stdout + damaged.stderr

@@ -7,7 +7,6 @@ from __future__ import annotations
 import json
 import os
 import shutil
-import subprocess
 import sys
 from pathlib import Path
 
@@ -19,6 +18,7 @@ from recovery.format.layout import ABANDONED_DIR, SIGNATURE_FILE, step_dir_name
 from recovery.run.checkpointer import Checkpointer
 from recovery.run.journal import Journal
 from recovery.tools import audit, audit_index
+from tests import launcher
 from tests.conftest import tiny_state, train_steps
 
 REPO = Path(__file__).resolve().parents[2]
@@ -160,7 +160,7 @@ def test_an_unreadable_directory_elsewhere_is_skipped_not_a_crash(lineage, signe
     drop = ["setpriv", "--bounding-set=-dac_override,-dac_read_search"] if os.geteuid() == 0 else []
     argv = ["audit", str(head), "--json", "--trusted", str(signer.path.parent)]
     try:
-        done = subprocess.run(
+        done = launcher.run(
             [
                 *drop,
                 sys.executable,

@@ -8,6 +8,7 @@ import pytest
 import recovery
 from recovery import cli, errors
 from recovery.format.layout import step_dir_name
+from tests import launcher
 from tests.conftest import commit_state, tiny_state
 
 
@@ -299,7 +300,7 @@ def test_a_reader_that_stops_early_ends_the_output_quietly():
     intervals = ",".join(f"{i}s" for i in range(1, 20000))
     exe = Path(sys.executable).parent / "recovery"
     cmd = [str(exe), "plan", "--cost", "60s", "--mtbf", "24h", "--intervals", intervals]
-    proc = subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.PIPE)
+    proc = launcher.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.PIPE)
     assert proc.stdout is not None and proc.stderr is not None
     proc.stdout.read(10)
     proc.stdout.close()

@@ -5,7 +5,6 @@ from __future__ import annotations
 import hashlib
 import os
 import pickle
-import subprocess
 import sys
 import time
 
@@ -17,6 +16,7 @@ from recovery.format.layout import step_dir_name
 from recovery.integrity import commit, reader
 from recovery.integrity.dcp import VerifiedReader
 from recovery.parallel import sharded
+from tests import launcher
 
 
 class _Payload:
@@ -104,7 +104,7 @@ def test_a_racing_writer_never_gets_its_payload_run(tmp_path, signer, trust):
     (atk / "evil").write_bytes(evil)
     meta = final / "dcp" / ".metadata"
     argv = [str(meta), str(atk / "good"), str(atk / "evil"), str(time.time() + 8)]
-    racer = subprocess.Popen([sys.executable, "-c", RACER, *argv])
+    racer = launcher.Popen([sys.executable, "-c", RACER, *argv])
     loaded = refused = 0
     try:
         deadline = time.time() + 6

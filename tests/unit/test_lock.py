@@ -12,6 +12,7 @@ from recovery import cli
 from recovery.errors import RunDirLockedError
 from recovery.format.layout import step_dir_name
 from recovery.integrity.lock import LOCK_FILE, RunLock
+from tests import launcher
 from tests.unit.test_checkpointer import _keys, run  # noqa: F401 - _keys: an autouse fixture
 
 HOLDER = """
@@ -27,7 +28,7 @@ time.sleep(60)
 def test_a_second_writer_is_refused_and_the_lock_dies_with_its_holder(tmp_path, signer):
     run(tmp_path, 4, keep_last=3)
     run_dir = tmp_path / "run"
-    proc = subprocess.Popen(
+    proc = launcher.Popen(
         [sys.executable, "-c", HOLDER, str(run_dir)], stdout=subprocess.PIPE, text=True
     )
     try:
@@ -86,7 +87,7 @@ time.sleep(60)
 """
     run_dir = tmp_path / "run"
     run_dir.mkdir()
-    proc = subprocess.Popen(
+    proc = launcher.Popen(
         [sys.executable, "-c", script, str(run_dir)], stdout=subprocess.PIPE, text=True
     )
     assert proc.stdout is not None and proc.stdout.readline().strip() == "held"

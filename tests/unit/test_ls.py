@@ -15,6 +15,7 @@ from pathlib import Path
 
 from recovery.format.layout import step_dir_name
 from recovery.storage import tracking
+from tests import launcher
 from tests.conftest import commit_state, tiny_state
 
 RECOVERY = str(Path(sys.executable).parent / "recovery")
@@ -30,7 +31,7 @@ def run_dir_with(tmp_path: Path, signer, steps=(2, 4)) -> Path:
 
 
 def ls(tmp_path: Path, run_dir: Path, *flags: str) -> subprocess.CompletedProcess[str]:
-    return subprocess.run(
+    return launcher.run(
         [RECOVERY, "ls", str(run_dir), *flags],
         cwd=tmp_path,
         capture_output=True,

@@ -8,7 +8,6 @@ script, in a working directory whose default trust store is empty.
 from __future__ import annotations
 
 import json
-import subprocess
 import sys
 from pathlib import Path
 
@@ -22,6 +21,7 @@ from recovery.errors import FormatError
 from recovery.format.layout import step_dir_name
 from recovery.run import resume
 from recovery.tools import export
+from tests import launcher
 from tests.conftest import commit_state, tiny_state
 
 RECOVERY = str(Path(sys.executable).parent / "recovery")
@@ -50,7 +50,7 @@ def predict(artifact, tmp_path, text: str | None, *, name: str = "in.jsonl"):
     path, _, _, flags = artifact
     if text is not None:
         (tmp_path / name).write_text(text)
-    return subprocess.run(
+    return launcher.run(
         [RECOVERY, "predict", str(path), "--input", name, *flags],
         cwd=tmp_path,
         capture_output=True,

@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import os
-import subprocess
 import sys
 from pathlib import Path
 
@@ -16,6 +15,7 @@ from recovery.errors import CheckpointNotFoundError, ConfigError, ManifestError
 from recovery.format.layout import METRICS_FILE, SIGNATURE_FILE, step_dir_name
 from recovery.integrity.trust import KEY_ENV
 from recovery.run import resume
+from tests import launcher
 from tests.conftest import commit_state, tiny_state
 
 REPO = Path(__file__).resolve().parents[2]
@@ -121,7 +121,7 @@ def test_verify_of_a_run_directory_is_one_line_with_code_3(run_dir, signer, caps
 def test_train_py_with_a_typo_of_latest_prints_one_line_and_exits_12(tmp_path, signer):
     data = tmp_path / "data"
     generate(DataConfig(root=str(data), **DATA))  # ready, so the run logs nothing before
-    done = subprocess.run(
+    done = launcher.run(
         [
             sys.executable,
             str(REPO / "train.py"),

@@ -4,7 +4,6 @@ from __future__ import annotations
 
 import os
 import signal
-import subprocess
 import sys
 import time
 
@@ -13,6 +12,7 @@ import pytest
 from recovery.format.layout import BEST_DIR, scan, step_dir_name
 from recovery.integrity import commit, reader
 from recovery.run import resume, retention
+from tests import launcher
 from tests.conftest import commit_state, tiny_state
 
 
@@ -98,7 +98,7 @@ def test_a_kill_during_the_best_copy_always_leaves_one_committed_best(
     (keys / "k.pub").write_bytes(signer.public_pem)
     mark = tmp_path / "mark"
     env = {**os.environ, "RECOVERY_PAUSE_AT": f"best-{phase}-4", "RECOVERY_PAUSE_MARK": str(mark)}
-    proc = subprocess.Popen(
+    proc = launcher.Popen(
         [sys.executable, "-c", KILL_BEST, str(run_dir), str(run_dir / step_dir_name(4)), str(keys)],
         env=env,
     )

@@ -1,0 +1,159 @@
+"""The suite's preloaded launcher (tests/launcher.py): its children behave as fresh
+interpreters do where the tests look — pid, signals, exit status, argv, environment,
+working directory, streams — and what it cannot run goes to a real fresh interpreter."""
+
+from __future__ import annotations
+
+import os
+import signal
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+from tests import launcher
+
+PY = sys.executable
+RECOVERY = str(Path(PY).parent / "recovery")
+
+
+def both(cmd: list[str], **kwargs) -> tuple[subprocess.CompletedProcess, ...]:
+    """The command run by a fresh interpreter and by the launcher."""
+    fresh = subprocess.run(cmd, capture_output=True, text=True, timeout=120, **kwargs)
+    forked = launcher.run(cmd, capture_output=True, text=True, timeout=120, **kwargs)
+    return fresh, forked
+
+
+@pytest.mark.parametrize(
+    "code",
+    [
+        "import sys; print(sys.argv[1:], __name__); sys.exit(3)",
+        "raise ValueError('boom')",
+        "import sys; sys.exit('a message')",
+        "import sys; sys.exit(None)",
+        "import sys; print('out'); print('err', file=sys.stderr); sys.exit(300)",
+        "raise KeyboardInterrupt",
+        "import threading, time\n"
+        "threading.Thread(target=lambda: (time.sleep(0.3), print('joined'))).start()",
+        "import atexit; atexit.register(lambda: print('at exit'))",
+        "open('written.txt', 'w').write('unflushed until collected')",
+    ],
+)
+def test_a_forked_child_exits_and_prints_as_a_fresh_interpreter(tmp_path, code):
+    (tmp_path / "a").mkdir()
+    (tmp_path / "b").mkdir()
+    fresh = subprocess.run(
+        [PY, "-c", code, "x"], capture_output=True, text=True, cwd=tmp_path / "a"
+    )
+    forked = launcher.run([PY, "-c", code, "x"], capture_output=True, text=True, cwd=tmp_path / "b")
+    assert isinstance(forked, subprocess.CompletedProcess)
+    assert (forked.returncode, forked.stdout) == (fresh.returncode, fresh.stdout)
+    assert forked.stderr == fresh.stderr
+    for name in ("written.txt",):
+        assert (tmp_path / "a" / name).exists() == (tmp_path / "b" / name).exists()
+        if (tmp_path / "a" / name).exists():
+            assert (tmp_path / "b" / name).read_text() == (tmp_path / "a" / name).read_text()
+
+
+def test_argv_path_environment_and_working_directory_are_the_commands(tmp_path):
+    script = tmp_path / "prog" / "show.py"
+    script.parent.mkdir()
+    script.write_text(
+        "import json, os, sys\n"
+        "print(json.dumps([sys.argv, sys.path[:2], os.getcwd(), os.environ.get('ITEM'),"
+        " 'HOME' in os.environ, __name__, __file__]))\n"
+    )
+    env = {k: v for k, v in os.environ.items() if k != "HOME"}
+    env.update(ITEM="seven", PYTHONPATH=str(tmp_path / "extra"))
+    fresh, forked = both([PY, str(script), "--flag", "v"], env=env, cwd=tmp_path)
+    assert forked.returncode == fresh.returncode == 0, forked.stderr
+    assert forked.stdout == fresh.stdout
+
+
+def test_a_console_script_runs_forked_and_answers_as_the_installed_one():
+    fresh, forked = both([RECOVERY, "--version"])
+    assert launcher.forkable([RECOVERY, "--version"])
+    assert (forked.returncode, forked.stdout) == (fresh.returncode, fresh.stdout)
+
+
+def test_a_real_sigkill_ends_the_child_and_its_status_says_so(tmp_path):
+    proc = launcher.Popen(
+        [PY, "-c", "import os, time; print(os.getpid(), flush=True); time.sleep(60)"],
+        stdout=subprocess.PIPE,
+        text=True,
+    )
+    assert isinstance(proc, launcher.Forked)
+    assert int(proc.stdout.readline()) == proc.pid != os.getpid()
+    assert proc.poll() is None
+    os.kill(proc.pid, signal.SIGKILL)  # the test's own signal, to the child's own pid
+    assert proc.wait(timeout=30) == -signal.SIGKILL
+    proc.stdout.close()
+
+
+def test_a_handled_sigterm_runs_the_childs_handler(tmp_path):
+    code = (
+        "import signal, sys, time\n"
+        "signal.signal(signal.SIGTERM, lambda *_: sys.exit(143))\n"
+        "print('ready', flush=True); time.sleep(60)"
+    )
+    proc = launcher.Popen([PY, "-c", code], stdout=subprocess.PIPE, text=True)
+    assert proc.stdout.readline().strip() == "ready"
+    proc.terminate()
+    assert proc.wait(timeout=30) == 143
+    proc.stdout.close()
+
+
+def test_wait_times_out_and_a_new_session_is_a_process_group_of_its_own():
+    proc = launcher.Popen([PY, "-c", "import time; time.sleep(60)"], start_new_session=True)
+    with pytest.raises(subprocess.TimeoutExpired):
+        proc.wait(timeout=0.2)
+    assert os.getpgid(proc.pid) == proc.pid
+    os.killpg(proc.pid, signal.SIGKILL)
+    assert proc.wait(timeout=30) == -signal.SIGKILL
+
+
+def test_what_it_cannot_fork_goes_to_a_fresh_interpreter(tmp_path):
+    assert not launcher.forkable([PY, "-m", "torch.distributed.run", "x.py"])
+    assert not launcher.forkable([PY, "-X", "importtime", "-c", "pass"])
+    assert not launcher.forkable(["git", "--version"])
+    # read as the libraries are imported: the preloaded server would not see it
+    assert not launcher.forkable([PY, "-c", "pass"], {**os.environ, "OMP_NUM_THREADS": "1"})
+    assert launcher.forkable([PY, "-c", "pass"], {**os.environ, "PYTHONPATH": "/x"})
+    copy = tmp_path / "recovery"  # a copy of the project runs its own package
+    copy.mkdir()
+    (tmp_path / "train.py").write_text("")
+    assert not launcher.forkable([PY, str(tmp_path / "train.py")])
+    assert not launcher.forkable([PY, "-c", "pass"], cwd=tmp_path)
+    assert launcher.forkable([PY, "-c", "pass"], cwd=tmp_path / "recovery")
+    done = launcher.run(["git", "--version"], capture_output=True, text=True)
+    assert done.returncode == 0 and done.stdout.startswith("git version")
+
+
+def test_the_core_profile_leaves_the_optional_dependencies_unimported():
+    code = "import sys; print(sorted({m.split('.')[0] for m in sys.modules} & {'dvc', 'hydra'}))"
+    core = launcher.run([PY, "-c", code], capture_output=True, text=True, profile="core")
+    full = launcher.run([PY, "-c", code], capture_output=True, text=True)
+    assert core.stdout.strip() == "[]"
+    assert full.stdout.strip() == "['dvc', 'hydra']"
+
+
+def test_stochastic_state_a_fresh_interpreter_seeds_from_the_os_differs_per_child():
+    code = "import random, numpy; print(random.random(), numpy.random.rand())"
+    seen = {launcher.run([PY, "-c", code], capture_output=True, text=True).stdout for _ in range(3)}
+    assert len(seen) == 3
+
+
+def test_a_drill_in_a_child_forks_its_runs_from_the_same_server(tmp_path):
+    code = (
+        "import os, sys\n"
+        "from recovery.tools import drill_runs\n"
+        "cmd = [sys.executable, '-c', 'import os, time; print(os.getppid()); time.sleep(60)']\n"
+        "proc = drill_runs.subprocess.Popen(cmd, stdout=drill_runs.subprocess.PIPE, text=True)\n"
+        "parent = int(proc.stdout.readline()); proc.kill()\n"
+        "print(os.getppid() == parent, proc.wait())\n"
+    )
+    # the run's parent is the server (the drill's own parent), not a fresh interpreter's
+    done = launcher.run([PY, "-c", code], capture_output=True, text=True, timeout=120)
+    assert done.returncode == 0, done.stderr
+    assert done.stdout.split() == ["True", str(-signal.SIGKILL)]
