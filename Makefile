@@ -3,8 +3,9 @@ PY ?= python3
 VENV := .venv
 BIN := $(VENV)/bin
 STAMP := $(VENV)/.installed
+PYTEST_JOBS ?= -n 2 --dist worksteal
 
-.PHONY: demo test lint install clean bench bench-dist bench-diff
+.PHONY: demo test test-fast lint install clean bench bench-dist bench-diff
 
 $(BIN)/python:
 	$(PY) -m venv $(VENV)
@@ -26,8 +27,19 @@ lint: $(STAMP)
 	$(BIN)/mypy
 	$(BIN)/lint-imports
 
-test: $(STAMP) lint
-	$(BIN)/python -m pytest -q
+# The whole suite, its 30 slowest tests and the total (lint included) printed at the end.
+# Test processes start from a preloaded launcher (tests/launcher.py); -n 2: one pytest
+# worker per core (pytest-xdist), worksteal: an idle worker takes tests queued for the other.
+test: $(STAMP)
+	@start=$$(date +%s); \
+	$(MAKE) --no-print-directory lint && \
+	$(BIN)/python -m pytest -q $(PYTEST_JOBS) --durations=30 $(PYTEST_ARGS); \
+	code=$$?; echo "make test: $$(( $$(date +%s) - start )) s in all, lint included"; exit $$code
+
+# The development loop (under 3 minutes): the unit tests and the key integration tests
+# (marked `key`): exact resume after SIGKILL, a drill, the DVC pipeline, torchrun.
+test-fast: $(STAMP)
+	$(BIN)/python -m pytest -q $(PYTEST_JOBS) -m "key or not integration" --durations=10 $(PYTEST_ARGS)
 
 demo: $(STAMP)
 	$(BIN)/python demo.py

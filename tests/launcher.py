@@ -16,8 +16,9 @@ child for each command it is sent. The child is a real process of its own:
   the signal that killed it. The server reaps it and sends that status back.
 
 What a fork cannot give, and so what keeps a fresh interpreter (``subprocess``
-directly): import hygiene (what importing a module pulls in), a fresh install,
-``torchrun`` (its ranks are its own subprocesses), and environment variables read when
+directly): import hygiene (what importing a module pulls in), a fresh install, the
+ranks of a ``torchrun`` job (its agent is forked; the ranks are the agent's own fresh
+subprocesses, as under any torchrun), and environment variables read when
 a library is first imported (``OMP_NUM_THREADS`` and the like) — :func:`forkable`
 refuses a command that sets one of those. Stochastic state that a fresh interpreter
 seeds from the OS (Python's ``random``, NumPy's global generator) is reseeded in each
@@ -71,6 +72,7 @@ PROFILES: dict[str, tuple[str, ...]] = {
         "matplotlib.pyplot",
         "model_signing",
         "recipes",
+        "torch.distributed.elastic.agent.server.local_elastic_agent",  # torchrun's agent
     ),
 }
 # what "core" must not hold, so a script's own finder can still make them absent
@@ -78,7 +80,7 @@ CORE_ABSENT = ("dvc", "hydra", "omegaconf", "matplotlib", "sklearn")
 # read by a library as it is first imported: a child of the server would not see them
 # (PYTHONPATH and PYTHONUNBUFFERED the child applies itself; every other PYTHON* counts)
 IMPORT_TIME_ENV = ("PYTHON", "OMP_", "KMP_", "MKL_", "OPENBLAS_", "LD_", "TORCH_", "CUDA_")
-IMPORT_TIME_ENV += ("GIT_PYTHON_", "TQDM_", "MPLBACKEND", "MALLOC_")
+IMPORT_TIME_ENV += ("GIT_PYTHON_", "TQDM_", "MPLBACKEND", "MALLOC_", "LOGLEVEL")
 APPLIED_ENV = ("PYTHONPATH", "PYTHONUNBUFFERED")
 _BASE_ENV = dict(os.environ)
 # this checkout's packages the server holds: a command that would import another copy
@@ -253,6 +255,7 @@ def _run(request: dict[str, Any], base_path: list[str]) -> None:
         runpy.run_path(target, run_name="__main__")
     elif kind == "module":
         sys.argv = ["-m", *args]
+        sys.modules.pop(target, None)  # run as __main__ only, as `python -m` does
         runpy.run_module(target, run_name="__main__", alter_sys=True)
     else:
         sys.argv = ["-c", *args]
@@ -329,7 +332,8 @@ def _split(cmd: list[str]) -> tuple[str, str, list[str]] | None:
         if rest[0] == "-c" and len(rest) > 1:
             return "code", rest[1], rest[2:]
         if rest[0] == "-m" and len(rest) > 1:
-            if rest[1].split(".")[0] == "torch":  # torchrun, and torch's own tools
+            # torchrun's agent forks; the ranks it starts are fresh interpreters of its own
+            if rest[1].split(".")[0] == "torch" and rest[1] != "torch.distributed.run":
                 return None
             return "module", rest[1], rest[2:]
         if rest[0].endswith(".py"):

@@ -50,6 +50,15 @@ def torchrun(nproc: int | None) -> list[str]:
     return ["-m", "torch.distributed.run", "--standalone", f"--nproc_per_node={nproc}"]
 
 
+def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
+    """Every test under tests/integration is marked ``integration`` (so that ``make
+    test-fast`` can select by marker: the unit tests and the ``key`` integration tests)."""
+    here = Path(__file__).parent
+    for item in items:
+        if here in Path(str(item.fspath)).parents:
+            item.add_marker(pytest.mark.integration)
+
+
 @dataclass
 class Result:
     returncode: int

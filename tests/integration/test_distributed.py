@@ -60,6 +60,7 @@ def assert_same_job(reference, run_dir, trust, *, ranks):
         assert rng_a["python"] == rng_b["python"], f"rank {rank} python RNG differs"
 
 
+@pytest.mark.key
 @pytest.mark.parametrize("strategy", ["ddp", "fsdp"])
 def test_a_two_rank_job_killed_and_resumed_is_bit_identical(
     strategy, job, trainer, tmp_path, trust

@@ -46,6 +46,7 @@ def seed_killing_at_8() -> int:
     )
 
 
+@pytest.mark.key
 def test_drill_of_a_plain_loop_passes_with_kills_in_commits_retention_and_between_steps(
     tmp_path, capsys
 ):

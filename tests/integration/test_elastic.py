@@ -27,6 +27,7 @@ import pytest
 from recovery import faults
 from recovery.format.layout import METRICS_FILE, scan
 from recovery.integrity.trust import KEY_ENV
+from tests import launcher as preloaded
 from tests.integration.conftest import SMALL, TRAIN
 from tests.integration.test_distributed import assert_same_job
 
@@ -118,7 +119,7 @@ class Launcher:
         ]
         log = root / f"{name}.log"
         with open(log, "wb") as out:
-            proc = subprocess.Popen(
+            proc = preloaded.Popen(
                 cmd, cwd=root, stdout=out, stderr=subprocess.STDOUT, env=env, start_new_session=True
             )
         agent = Agent(name, proc, log, mark, release)

@@ -18,6 +18,7 @@ def T(signer):
     return ["--trusted", str(signer.path.parent)]
 
 
+@pytest.mark.key
 @pytest.mark.parametrize(
     ("kill_at", "expect_from"),
     [

@@ -219,6 +219,7 @@ def s3_remote(project):
     server.stop()
 
 
+@pytest.mark.key
 @pytest.mark.parametrize("remote", ["local", "s3"])
 def test_fresh_machine_resume_from_the_remote_is_bit_identical(
     project, trainer, reference, trust, remote, request

@@ -12,6 +12,12 @@ def test_two_commands():
     assert "make demo" in README and "make test" in README
 
 
+def test_the_fast_loop_is_documented_and_is_a_make_target():
+    makefile = (Path(__file__).resolve().parents[2] / "Makefile").read_text()
+    assert "`make test-fast`" in README and "\ntest-fast:" in makefile
+    assert "--durations=30" in makefile and "lint included" in makefile
+
+
 def test_every_exit_code_is_documented():
     table = dict(re.findall(r"^\| (\d+) \| (.+) \|$", README, flags=re.M))
     for _, code, _ in cli.EXIT_CODES:
