@@ -16,9 +16,8 @@ child for each command it is sent. The child is a real process of its own:
   the signal that killed it. The server reaps it and sends that status back.
 
 What a fork cannot give, and so what keeps a fresh interpreter (``subprocess``
-directly): import hygiene (what importing a module pulls in), a fresh install, the
-ranks of a ``torchrun`` job (its agent is forked; the ranks are the agent's own fresh
-subprocesses, as under any torchrun), and environment variables read when
+directly): import hygiene (what importing a module pulls in), a fresh install, a
+``torchrun`` job (agent and ranks), and environment variables read when
 a library is first imported (``OMP_NUM_THREADS`` and the like) — :func:`forkable`
 refuses a command that sets one of those. Stochastic state that a fresh interpreter
 seeds from the OS (Python's ``random``, NumPy's global generator) is reseeded in each
@@ -72,7 +71,6 @@ PROFILES: dict[str, tuple[str, ...]] = {
         "matplotlib.pyplot",
         "model_signing",
         "recipes",
-        "torch.distributed.elastic.agent.server.local_elastic_agent",  # torchrun's agent
     ),
 }
 # what "core" must not hold, so a script's own finder can still make them absent
@@ -332,8 +330,8 @@ def _split(cmd: list[str]) -> tuple[str, str, list[str]] | None:
         if rest[0] == "-c" and len(rest) > 1:
             return "code", rest[1], rest[2:]
         if rest[0] == "-m" and len(rest) > 1:
-            # torchrun's agent forks; the ranks it starts are fresh interpreters of its own
-            if rest[1].split(".")[0] == "torch" and rest[1] != "torch.distributed.run":
+            # torchrun (agent and ranks) and torch's own tools: fresh interpreters
+            if rest[1].split(".")[0] == "torch":
                 return None
             return "module", rest[1], rest[2:]
         if rest[0].endswith(".py"):
