@@ -28,7 +28,7 @@ lint: $(STAMP)
 	$(BIN)/lint-imports
 
 # The whole suite, its 30 slowest tests and the total (lint included) printed at the end.
-# Test processes start from a preloaded launcher (tests/launcher.py); -n 2: one pytest
+# Test processes start from a preloaded launcher (tests/launcher/); -n 2: one pytest
 # worker per core (pytest-xdist), worksteal: an idle worker takes tests queued for the other.
 test: $(STAMP)
 	@start=$$(date +%s); \

@@ -20,8 +20,10 @@ from recovery import errors
 from recovery.cli.common import add_trust_flags, emit, trust_of
 from recovery.cli.overrides import compose
 from recovery.config import CheckpointConfig, DrillConfig, TrainConfig, parse_duration, typed
-from recovery.tools import drill, drill_command, report_drill
-from recovery.tools.drill_verdict import Report
+from recovery.tools import drill
+from recovery.tools.drill import command as drill_command
+from recovery.tools.drill.verdict import Report
+from recovery.tools.report import drill as report_drill
 
 _OVERRIDE = re.compile(r"^(~|\+{0,2}[\w.@/\[\]-]+=)")
 USAGE = 2

@@ -25,7 +25,8 @@ from recovery.cli.common import (
 )
 from recovery.provenance import lineage
 from recovery.state.registry import MODEL
-from recovery.tools import audit, report_lineage
+from recovery.tools import audit
+from recovery.tools.report import lineage as report_lineage
 
 
 def cmd_verify(args: argparse.Namespace) -> int:

@@ -225,7 +225,7 @@ def choose_points(
 def observed_room(steps: int, commits: list[int], retires: list[tuple[int, int]]) -> _Room:
     """What a run that was watched, not configured, offers: its step boundaries, the commit
     phases of its checkpoints and its retirements, as its journal recorded them
-    (:mod:`recovery.tools.drill_command`). No branch (that needs ``+resume=<step>``), no
+    (:mod:`recovery.tools.drill.command`). No branch (that needs ``+resume=<step>``), no
     best copy and no DVC point: an arbitrary command offers neither the flag nor the
     settings that decide them.
 

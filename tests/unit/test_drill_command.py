@@ -12,8 +12,9 @@ import pytest
 from recovery import cli
 from recovery.cli.drill import command_of
 from recovery.errors import ConfigError
-from recovery.tools import drill_command, killpoints
-from recovery.tools.drill_verdict import Level, compare_steps
+from recovery.tools import killpoints
+from recovery.tools.drill import command as drill_command
+from recovery.tools.drill.verdict import Level, compare_steps
 from tests.unit.test_drill import reached
 
 PY = sys.executable

@@ -1,4 +1,4 @@
-"""The suite's preloaded launcher (tests/launcher.py): its children behave as fresh
+"""The suite's preloaded launcher (tests/launcher/): its children behave as fresh
 interpreters do where the tests look — pid, signals, exit status, argv, environment,
 working directory, streams — and what it cannot run goes to a real fresh interpreter."""
 
@@ -149,7 +149,7 @@ def test_stochastic_state_a_fresh_interpreter_seeds_from_the_os_differs_per_chil
 def test_a_drill_in_a_child_forks_its_runs_from_the_same_server(tmp_path):
     code = (
         "import os, sys\n"
-        "from recovery.tools import drill_runs\n"
+        "from recovery.tools.drill import runs as drill_runs\n"
         "cmd = [sys.executable, '-c', 'import os, time; print(os.getppid()); time.sleep(60)']\n"
         "proc = drill_runs.subprocess.Popen(cmd, stdout=drill_runs.subprocess.PIPE, text=True)\n"
         "parent = int(proc.stdout.readline()); proc.kill()\n"

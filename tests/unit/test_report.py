@@ -19,9 +19,12 @@ from recovery.config import CheckpointConfig
 from recovery.format.layout import ABANDONED_DIR, METRICS_FILE, step_dir_name
 from recovery.run.checkpointer import Checkpointer
 from recovery.run.journal import read
-from recovery.tools import drill_verdict, report, report_drill, report_lineage
-from recovery.tools.report_cost import cost
-from recovery.tools.report_run import COMPLETED, ENDED, PREEMPTED, story
+from recovery.tools import report
+from recovery.tools.drill import verdict as drill_verdict
+from recovery.tools.report import drill as report_drill
+from recovery.tools.report import lineage as report_lineage
+from recovery.tools.report.cost import cost
+from recovery.tools.report.run import COMPLETED, ENDED, PREEMPTED, story
 from tests.conftest import resign, tiny_state, train_steps
 from tests.unit.test_layers import BLOCK, python
 

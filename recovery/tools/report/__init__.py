@@ -1,14 +1,14 @@
 """``recovery report``: a run's story as one self-contained HTML page.
 
 :func:`build` reads a run directory and nothing else it does not verify: the journal
-(``metrics.jsonl``, shown as what the run recorded: :mod:`recovery.tools.report_run`),
+(``metrics.jsonl``, shown as what the run recorded: :mod:`recovery.tools.report.run`),
 the committed checkpoints, each verified in full by the audit's walk
 (:func:`recovery.tools.audit.audit`: signature and trust, every file's hash, the purpose
 contract; nothing is unpickled, only verified bytes are decoded) from the run's newest
 checkpoint, each abandoned branch's newest, its best and warm-start copies, any export
 named, and any checkpoint on disk no walk reached; the DVC state where DVC tracks the run
 (:mod:`recovery.storage.tracking`, as ``recovery ls`` shows it); and, with ``reference``,
-another run's journal to overlay. The page itself is :mod:`recovery.tools.report_page`.
+another run's journal to overlay. The page itself is :mod:`recovery.tools.report.page`.
 
 A checkpoint that fails verification is shown failed (red, with the error), and listed in
 :attr:`Built.failures` so the caller can fail as ``recovery audit`` does; the report is
@@ -29,10 +29,12 @@ from recovery.integrity.signing import TrustStore
 from recovery.run.checkpointer import WARM_START_DIR
 from recovery.run.journal import effective_steps, read
 from recovery.storage import tracking
-from recovery.tools import audit, report_charts, report_page
-from recovery.tools.report_cost import cost
-from recovery.tools.report_lineage import Graph, graph
-from recovery.tools.report_run import (
+from recovery.tools import audit
+from recovery.tools.report import charts as report_charts
+from recovery.tools.report import page as report_page
+from recovery.tools.report.cost import cost
+from recovery.tools.report.lineage import Graph, graph
+from recovery.tools.report.run import (
     ABANDONED,
     COMMITTED,
     REMOTE,

@@ -1,6 +1,6 @@
 """The verdict of a drill: two runs compared at a declared level, the report and its plot.
 
-Both drills (:mod:`recovery.tools.drill`, :mod:`recovery.tools.drill_command`) compare
+Both drills (:mod:`recovery.tools.drill`, :mod:`recovery.tools.drill.command`) compare
 the per-step records (the journal's last record of each step, ``metrics.jsonl`` in each
 run directory) and the final checkpoints' tensors, read through the verifying reader.
 """
@@ -188,14 +188,14 @@ def conclude(
 def plot(out: Path, ref: Path, victim: Path, report: Report) -> Path:
     """``out/drill.png``: both loss curves, each kill numbered and labelled with its phase
     (each kill a row of its own below the curves, so none hides another), and the resumes
-    (:func:`recovery.tools.drill_chart.drill_figure`, also the picture of ``drill.html``).
+    (:func:`recovery.tools.drill.chart.drill_figure`, also the picture of ``drill.html``).
 
     Raises:
         ImportError: matplotlib is not installed (the ``[plot]`` extra).
     """
     import matplotlib  # noqa: F401  (ImportError here: the verdict stands without a picture)
 
-    from recovery.tools.drill_chart import drill_figure, drill_style
+    from recovery.tools.drill.chart import drill_figure, drill_style
 
     with drill_style() as plt:
         fig = drill_figure(

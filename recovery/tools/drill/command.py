@@ -24,7 +24,7 @@ command has no flag for), the best copy and the DVC publisher (their settings ar
 command's, unseen). The victim, in a session of its own, is killed with SIGKILL at
 each point (every process of the command), run again after each kill, and let run to
 the end; then every field of every step's record and the final checkpoints' model and
-optimizer tensors are compared bitwise (:mod:`recovery.tools.drill_verdict`).
+optimizer tensors are compared bitwise (:mod:`recovery.tools.drill.verdict`).
 
 A command that fails by itself (a nonzero exit the drill did not cause) or runs past
 the time limit is an error naming the run and the end of its stderr, never a
@@ -49,8 +49,8 @@ from recovery.integrity.signing import TrustStore
 from recovery.run.journal import effective_steps, read
 from recovery.storage import tracking
 from recovery.tools import killpoints
-from recovery.tools.drill_runs import Ran, failure, launch, never_reached, victims
-from recovery.tools.drill_verdict import Level, Report, compare_final, compare_steps, conclude
+from recovery.tools.drill.runs import Ran, failure, launch, never_reached, victims
+from recovery.tools.drill.verdict import Level, Report, compare_final, compare_steps, conclude
 
 log = logging.getLogger(__name__)
 

@@ -1,7 +1,7 @@
 """The report's page: one self-contained HTML file, every text escaped, no fetches.
 
 :func:`page` lays out titled sections (the run report, :mod:`recovery.tools.report`, and
-the drill's page, :mod:`recovery.tools.report_drill`, share it); :func:`table` and
+the drill's page, :mod:`recovery.tools.report.drill`, share it); :func:`table` and
 :func:`esc` are how any text reaches the page. Contract: every string that comes from a
 run directory (names, paths, journal fields, warning messages) goes through
 :func:`html.escape` here, and charts arrive as SVG that matplotlib wrote (it escapes its

@@ -1,6 +1,6 @@
 """The report's tables of resumes and checkpoints, and the reference run's comparison.
 
-Each returns markup built by :mod:`recovery.tools.report_html` (every text escaped).
+Each returns markup built by :mod:`recovery.tools.report.html` (every text escaped).
 :func:`resumes_table` is the drill's page's too.
 """
 
@@ -9,9 +9,9 @@ from __future__ import annotations
 from collections.abc import Sequence
 from typing import Any
 
-from recovery.tools.report_cost import duration
-from recovery.tools.report_html import Cell, badge, para, table
-from recovery.tools.report_run import Checkpoint, Story, items, num
+from recovery.tools.report.cost import duration
+from recovery.tools.report.html import Cell, badge, para, table
+from recovery.tools.report.run import Checkpoint, Story, items, num
 
 _HEALTH_CSS = {"ok": "ok", "warn": "warn"}
 """Badge style of a health verdict (skipped, not judged: muted)."""

@@ -1,6 +1,6 @@
 """One run of a drilled program, killed at a point or let finish, and the series of
 victims: what both drills (:mod:`recovery.tools.drill`, the project's ``train.py``;
-:mod:`recovery.tools.drill_command`, any command) run.
+:mod:`recovery.tools.drill.command`, any command) run.
 
 How a drill knows its victim is at the point: the process is started with
 ``RECOVERY_PAUSE_AT=<point>`` and ``RECOVERY_PAUSE_MARK=<file>``

@@ -1,8 +1,8 @@
 """The run report's sections: curves and resumes, checkpoints, lineage, cost, warnings.
 
 :func:`render` turns what :mod:`recovery.tools.report` gathered into the page
-(:mod:`recovery.tools.report_html` escapes every text; the tables are
-:mod:`recovery.tools.report_tables`).
+(:mod:`recovery.tools.report.html` escapes every text; the tables are
+:mod:`recovery.tools.report.tables`).
 """
 
 from __future__ import annotations
@@ -11,12 +11,13 @@ from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
-from recovery.tools import audit, report_charts
-from recovery.tools.report_cost import Cost, duration
-from recovery.tools.report_html import Cell, chart, items, page, para, section, table
-from recovery.tools.report_lineage import Graph, edge_label, picture
-from recovery.tools.report_run import Checkpoint, Story, world_sizes
-from recovery.tools.report_tables import (
+from recovery.tools import audit
+from recovery.tools.report import charts as report_charts
+from recovery.tools.report.cost import Cost, duration
+from recovery.tools.report.html import Cell, chart, items, page, para, section, table
+from recovery.tools.report.lineage import Graph, edge_label, picture
+from recovery.tools.report.run import Checkpoint, Story, world_sizes
+from recovery.tools.report.tables import (
     checkpoints_table,
     reference_summary,
     resumes_table,

@@ -4,9 +4,9 @@ Each kill is a numbered line over the curves and, in a strip below them, a marke
 shape and colour are its phase (a step boundary, each commit phase, a retirement, a
 branch's move, the best copy, the DVC publisher) with its label, each kill on a row of
 its own in the order they happened, so none hides another. One figure serves ``drill.png``
-(:func:`recovery.tools.drill_verdict.plot`) and ``drill.html``
-(:mod:`recovery.tools.report_drill`), drawn with the report's settings
-(:func:`recovery.tools.report_charts.style`; matplotlib imported only when drawing).
+(:func:`recovery.tools.drill.verdict.plot`) and ``drill.html``
+(:mod:`recovery.tools.report.drill`), drawn with the report's settings
+(:func:`recovery.tools.report.charts.style`; matplotlib imported only when drawing).
 """
 
 from __future__ import annotations
@@ -16,7 +16,7 @@ from contextlib import contextmanager
 from typing import Any
 
 from recovery.tools import killpoints
-from recovery.tools.report_charts import series, style
+from recovery.tools.report.charts import series, style
 
 PHASES = {
     "step": ("between steps", "o", "#455a64"),

@@ -1,11 +1,11 @@
 """``drill.html``: a drill's verdict on the report's page layout.
 
-The same picture as ``drill.png`` (:func:`recovery.tools.drill_chart.drill_figure`: each
+The same picture as ``drill.png`` (:func:`recovery.tools.drill.chart.drill_figure`: each
 kill numbered and labelled with its phase, on a row of its own) as SVG, the kills in
 a table (point, phase, step, reached, exit status), the differences, and the drilled
-run's resumes with their health verdicts (:func:`recovery.tools.report_tables.resumes_table`).
-Everything comes from the drill's :class:`~recovery.tools.drill_verdict.Report` and the two
-runs' journals; every text is escaped (:mod:`recovery.tools.report_html`).
+run's resumes with their health verdicts (:func:`recovery.tools.report.tables.resumes_table`).
+Everything comes from the drill's :class:`~recovery.tools.drill.verdict.Report` and the two
+runs' journals; every text is escaped (:mod:`recovery.tools.report.html`).
 """
 
 from __future__ import annotations
@@ -15,12 +15,12 @@ from pathlib import Path
 from recovery.format.layout import METRICS_FILE
 from recovery.run.journal import effective_steps, read
 from recovery.tools import killpoints
-from recovery.tools.drill_chart import drill_figure, drill_style, phase_of
-from recovery.tools.drill_verdict import Report, title
-from recovery.tools.report_charts import require, svg_of
-from recovery.tools.report_html import Cell, badge, chart, items, page, section, table
-from recovery.tools.report_run import story
-from recovery.tools.report_tables import resumes_table
+from recovery.tools.drill.chart import drill_figure, drill_style, phase_of
+from recovery.tools.drill.verdict import Report, title
+from recovery.tools.report.charts import require, svg_of
+from recovery.tools.report.html import Cell, badge, chart, items, page, section, table
+from recovery.tools.report.run import story
+from recovery.tools.report.tables import resumes_table
 
 PAGE_FILE = "drill.html"
 

@@ -41,12 +41,12 @@ from recovery.provenance import purpose
 from recovery.run import resume
 from recovery.state.sampler import ResumableSampler
 from recovery.tools import killpoints
-from recovery.tools.drill_runs import Ran, launch, never_reached, victims
-from recovery.tools.drill_verdict import DRILL_FILE as DRILL_FILE
-from recovery.tools.drill_verdict import PLOT_FILE as PLOT_FILE
-from recovery.tools.drill_verdict import Level, Report, compare_final, compare_steps, conclude
-from recovery.tools.drill_verdict import flat_tensors as flat_tensors
-from recovery.tools.drill_verdict import plot as _plot
+from recovery.tools.drill.runs import Ran, launch, never_reached, victims
+from recovery.tools.drill.verdict import DRILL_FILE as DRILL_FILE
+from recovery.tools.drill.verdict import PLOT_FILE as PLOT_FILE
+from recovery.tools.drill.verdict import Level, Report, compare_final, compare_steps, conclude
+from recovery.tools.drill.verdict import flat_tensors as flat_tensors
+from recovery.tools.drill.verdict import plot as _plot
 
 log = logging.getLogger(__name__)
 

@@ -35,7 +35,6 @@ import io
 import json
 import os
 import select
-import selectors
 import signal
 import socket
 import struct
@@ -47,7 +46,8 @@ import time
 from pathlib import Path
 from typing import Any
 
-ROOT = Path(__file__).resolve().parents[1]
+ROOT = Path(__file__).resolve().parents[2]
+SERVER = Path(__file__).with_name("server.py")
 PROFILES: dict[str, tuple[str, ...]] = {
     "core": ("torch", "torch._dynamo", "numpy", "safetensors", "yaml", "recovery"),
     "full": (
@@ -85,235 +85,6 @@ _BASE_ENV = dict(os.environ)
 # of one of them is not forkable
 OWN_PACKAGES = ("recovery", "recipes")
 _HEADER = struct.Struct("!I")
-
-
-# ---------------------------------------------------------------- the server side
-
-
-def _preload(profile: str) -> None:
-    import importlib
-
-    sys.path.insert(1, str(ROOT))  # the recipes package beside train.py
-    for name in PROFILES[profile]:
-        importlib.import_module(name)
-    if profile == "full":
-        import pkgutil
-
-        import recovery
-
-        for info in pkgutil.walk_packages(recovery.__path__, "recovery."):
-            importlib.import_module(info.name)
-    else:
-        loaded = sorted({m.split(".")[0] for m in sys.modules} & set(CORE_ABSENT))
-        if loaded:
-            raise SystemExit(f"launcher: the core profile imported {loaded}")
-    sys.path.remove(str(ROOT))
-    import gc
-
-    gc.collect()
-    gc.freeze()  # what the preload made is never collected: a child's collection skips it
-
-
-def _recv_request(conn: socket.socket) -> tuple[dict[str, Any], list[int]]:
-    data, fds, _flags, _addr = socket.recv_fds(conn, 1 << 16, 3)
-    while len(data) < _HEADER.size or len(data) < _HEADER.size + _HEADER.unpack_from(data)[0]:
-        more = conn.recv(1 << 16)
-        if not more:
-            raise EOFError("launcher: request cut short")
-        data += more
-    (size,) = _HEADER.unpack_from(data)
-    return json.loads(data[_HEADER.size : _HEADER.size + size]), list(fds)
-
-
-def _serve(path: str) -> dict[str, Any]:
-    """Accept requests until stdin closes; fork a child per request. Returns only in a
-    child (its request); the server itself leaves through ``SystemExit``."""
-    listener = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
-    listener.bind(path)
-    listener.listen(64)
-    wake_r, wake_w = os.pipe()
-    os.set_blocking(wake_r, False)
-    os.set_blocking(wake_w, False)
-    signal.signal(signal.SIGCHLD, lambda *_: None)
-    signal.set_wakeup_fd(wake_w)
-    sel = selectors.DefaultSelector()
-    sel.register(listener, selectors.EVENT_READ, "accept")
-    sel.register(wake_r, selectors.EVENT_READ, "child")
-    sel.register(sys.stdin.fileno(), selectors.EVENT_READ, "stdin")
-    children: dict[int, socket.socket] = {}
-    print("ready", flush=True)
-    while True:
-        for key, _ in sel.select():
-            if key.data == "stdin":  # the test session is gone: so is every child
-                for pid in children:
-                    with contextlib.suppress(ProcessLookupError):
-                        os.kill(pid, signal.SIGKILL)
-                raise SystemExit(0)
-            if key.data == "child":
-                with contextlib.suppress(BlockingIOError):
-                    while os.read(wake_r, 512):
-                        pass
-                _reap(children)
-                continue
-            conn, _ = listener.accept()
-            try:
-                request, fds = _recv_request(conn)
-            except (OSError, EOFError, ValueError):
-                conn.close()
-                continue
-            sys.stdout.flush()
-            sys.stderr.flush()
-            pid = os.fork()
-            if pid == 0:
-                signal.set_wakeup_fd(-1)
-                signal.signal(signal.SIGCHLD, signal.SIG_DFL)
-                sel.close()
-                for sock in (listener, conn, *children.values()):
-                    sock.close()
-                os.close(wake_r)
-                os.close(wake_w)
-                for target, fd in enumerate(fds):
-                    os.dup2(fd, target)
-                for fd in set(fds):
-                    if fd > 2:
-                        os.close(fd)
-                return request
-            for fd in fds:
-                os.close(fd)
-            children[pid] = conn
-            conn.sendall(json.dumps({"pid": pid}).encode() + b"\n")
-            _reap(children)  # a child may have ended before its conn was registered
-
-
-def _reap(children: dict[int, socket.socket]) -> None:
-    while children:
-        try:
-            pid, status = os.waitpid(-1, os.WNOHANG)
-        except ChildProcessError:
-            return
-        if pid == 0:
-            return
-        conn = children.pop(pid, None)
-        if conn is not None:
-            code = os.waitstatus_to_exitcode(status)
-            with contextlib.suppress(OSError):
-                conn.sendall(json.dumps({"status": code}).encode() + b"\n")
-            conn.close()
-
-
-def _stdio(unbuffered: bool) -> None:
-    """Standard streams over fds 0-2 as a fresh interpreter makes them."""
-
-    def writer(fd: int, errors: str) -> io.TextIOWrapper:
-        raw = io.FileIO(fd, "w", closefd=False)
-        tty = raw.isatty()
-        stream = raw if unbuffered else io.BufferedWriter(raw)
-        return io.TextIOWrapper(
-            stream,  # type: ignore[arg-type]
-            encoding="utf-8",
-            errors=errors,
-            line_buffering=tty,
-            write_through=unbuffered,
-        )
-
-    reader = io.TextIOWrapper(io.BufferedReader(io.FileIO(0, "r", closefd=False)), "utf-8")
-    sys.stdin = sys.__stdin__ = reader
-    sys.stdout = sys.__stdout__ = writer(1, "strict")
-    sys.stderr = sys.__stderr__ = writer(2, "backslashreplace")
-
-
-def _run(request: dict[str, Any], base_path: list[str]) -> None:
-    """Run the request as ``__main__`` in this (forked) process."""
-    import random
-    import runpy
-    import types
-
-    if request["new_session"]:
-        os.setsid()
-    os.chdir(request["cwd"])
-    os.environ.clear()
-    os.environ.update(request["env"])
-    _stdio(bool(os.environ.get("PYTHONUNBUFFERED")))
-    random.seed()
-    if "numpy.random" in sys.modules:
-        sys.modules["numpy.random"].seed()
-    extra = [p for p in os.environ.get("PYTHONPATH", "").split(os.pathsep) if p]
-    kind, target, args = request["kind"], request["target"], request["args"]
-    first = {
-        "script": lambda: os.path.dirname(os.path.realpath(target)),
-        "code": lambda: "",
-        "module": os.getcwd,
-    }[kind]()
-    sys.path[:] = [first, *(os.path.abspath(p) for p in extra), *base_path]
-    if request["profile"] == "full":  # a drill run here forks its runs from this server too
-        _SERVERS["full"] = Server("full", attach=request["server"])
-        patch_drills()
-    if kind == "script":
-        sys.argv = [target, *args]
-        runpy.run_path(target, run_name="__main__")
-    elif kind == "module":
-        sys.argv = ["-m", *args]
-        sys.modules.pop(target, None)  # run as __main__ only, as `python -m` does
-        runpy.run_module(target, run_name="__main__", alter_sys=True)
-    else:
-        sys.argv = ["-c", *args]
-        main = types.ModuleType("__main__")
-        main.__dict__["__builtins__"] = __builtins__
-        sys.modules["__main__"] = main
-        exec(compile(target, "<string>", "exec"), main.__dict__)
-
-
-def _server_main(path: str, profile: str) -> None:
-    base_path = [p for p in sys.path[1:] if p != str(Path(__file__).parent)]
-    _preload(profile)
-    request = _serve(path)
-    code = 0
-    try:
-        _run(request, base_path)
-    except SystemExit as done:
-        code = _exit_code(done.code)
-    except BaseException as err:  # as a fresh interpreter reports it: the script's frames only
-        import traceback
-
-        tb = err.__traceback__
-        while tb is not None and tb.tb_frame.f_code.co_filename == __file__:
-            tb = tb.tb_next
-        traceback.print_exception(type(err), err, tb)
-        code = -signal.SIGINT if isinstance(err, KeyboardInterrupt) else 1
-    _finalize(code)
-
-
-def _exit_code(code: object) -> int:
-    """What the interpreter exits with for ``sys.exit(code)``."""
-    if code is None:
-        return 0
-    if isinstance(code, int):
-        return code & 0xFF
-    print(code, file=sys.stderr)
-    return 1
-
-
-def _finalize(code: int) -> None:
-    """The interpreter's shutdown up to (not including) tearing its modules down, which
-    with torch, DVC and Hydra loaded takes over a second and changes nothing outside:
-    non-daemon threads joined, atexit handlers run, garbage (open files) collected and
-    flushed, the standard streams flushed; then exit with ``code``."""
-    import atexit
-    import gc
-
-    threading._shutdown()  # type: ignore[attr-defined]
-    atexit._run_exitfuncs()
-    gc.collect()
-    for stream in (sys.stdout, sys.stderr):
-        with contextlib.suppress(Exception):
-            stream.flush()
-    if code == -signal.SIGINT:  # Python ends by the signal itself after a KeyboardInterrupt
-        signal.signal(signal.SIGINT, signal.SIG_DFL)
-        os.kill(os.getpid(), signal.SIGINT)
-    os._exit(code)
-
-
-# ---------------------------------------------------------------- the client side
 
 
 def _split(cmd: list[str]) -> tuple[str, str, list[str]] | None:
@@ -393,7 +164,7 @@ class Server:
     def _start(self) -> None:
         env = {k: v for k, v in _BASE_ENV.items() if k not in APPLIED_ENV}
         self._proc = subprocess.Popen(
-            [sys.executable, __file__, self.path, self.profile],
+            [sys.executable, str(SERVER), self.path, self.profile],
             stdin=subprocess.PIPE,
             stdout=subprocess.PIPE,
             text=True,
@@ -639,11 +410,11 @@ def run(args: list[str], **kwargs: Any) -> subprocess.CompletedProcess[Any]:
 
 
 def patch_drills() -> None:
-    """Let :mod:`recovery.tools.drill_runs` start its runs through the launcher: the same
+    """Let :mod:`recovery.tools.drill.runs` start its runs through the launcher: the same
     real processes and SIGKILLs (commands it cannot fork still get a fresh interpreter)."""
     import types
 
-    from recovery.tools import drill_runs
+    from recovery.tools.drill import runs as drill_runs
 
     shim = types.SimpleNamespace(**{k: getattr(subprocess, k) for k in subprocess.__all__})
     shim.Popen = Popen
@@ -659,7 +430,3 @@ def _plain(kwargs: dict[str, Any]) -> bool:
     if "universal_newlines" in kwargs:
         kwargs["text"] = kwargs.pop("universal_newlines")
     return set(kwargs) <= _KNOWN
-
-
-if __name__ == "__main__":
-    _server_main(sys.argv[1], sys.argv[2])

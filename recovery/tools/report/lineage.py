@@ -220,7 +220,7 @@ _HALF = 0.31
 def picture(g: Graph) -> str:
     """The graph drawn with matplotlib as SVG: lanes as rows, edges older -> newer labelled
     with their relation and drift, failed links and nodes red, pruned ones grey and dashed."""
-    from recovery.tools.report_charts import style, svg_of
+    from recovery.tools.report.charts import style, svg_of
 
     col = _columns(g)
     lanes = list(dict.fromkeys(n.lane for n in g.nodes.values()))

@@ -1,6 +1,6 @@
 """What checkpointing cost a run, and its interval against the Young/Daly optimum.
 
-A pure function of the journal's story (:mod:`recovery.tools.report_run`): the measured
+A pure function of the journal's story (:mod:`recovery.tools.report.run`): the measured
 cost C of a save to the run (the mean ``pause_s``: the whole save for synchronous saves,
 the pause for async ones, as :mod:`recovery.run.cadence` measures it), the checkpoint
 fraction each completed process recorded (``run_summary``) and over all of them, the
@@ -17,7 +17,7 @@ from statistics import fmean
 from typing import Any
 
 from recovery.run import policy
-from recovery.tools.report_run import COMPLETED, Story, num
+from recovery.tools.report.run import COMPLETED, Story, num
 
 ASSUMED_MTBF_S = 24 * 3600.0
 

@@ -19,7 +19,7 @@ from itertools import pairwise
 from typing import Any, TypeGuard
 
 from recovery.errors import ConfigError
-from recovery.tools.report_run import ENDED, PREEMPTED, Checkpoint, Story
+from recovery.tools.report.run import ENDED, PREEMPTED, Checkpoint, Story
 
 MAX_POINTS = 4000
 """Most points drawn per line: a long run is thinned (every k-th step, resumes kept)."""

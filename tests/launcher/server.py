@@ -1,0 +1,257 @@
+"""The launcher's server (run as ``python tests/launcher/server.py SOCKET PROFILE`` by
+:class:`tests.launcher.Server`): preload a profile, then fork a child per request and run
+the request's command in it as ``__main__``; see :mod:`tests.launcher`."""
+
+from __future__ import annotations
+
+import contextlib
+import io
+import json
+import os
+import selectors
+import signal
+import socket
+import sys
+import threading
+from pathlib import Path
+from typing import Any
+
+# the client half, for its constants and for a child's own launches (a drill's runs)
+_BASE_PATH = [p for p in sys.path[1:] if p != str(Path(__file__).parent)]
+sys.path.insert(0, str(Path(__file__).resolve().parents[2]))
+from tests import launcher as client  # noqa: E402
+
+sys.path.pop(0)
+CORE_ABSENT, PROFILES, ROOT, _HEADER = (
+    client.CORE_ABSENT,
+    client.PROFILES,
+    client.ROOT,
+    client._HEADER,
+)
+
+
+def _preload(profile: str) -> None:
+    import importlib
+
+    sys.path.insert(1, str(ROOT))  # the recipes package beside train.py
+    for name in PROFILES[profile]:
+        importlib.import_module(name)
+    if profile == "full":
+        import pkgutil
+
+        import recovery
+
+        for info in pkgutil.walk_packages(recovery.__path__, "recovery."):
+            importlib.import_module(info.name)
+    else:
+        loaded = sorted({m.split(".")[0] for m in sys.modules} & set(CORE_ABSENT))
+        if loaded:
+            raise SystemExit(f"launcher: the core profile imported {loaded}")
+    sys.path.remove(str(ROOT))
+    import gc
+
+    gc.collect()
+    gc.freeze()  # what the preload made is never collected: a child's collection skips it
+
+
+def _recv_request(conn: socket.socket) -> tuple[dict[str, Any], list[int]]:
+    data, fds, _flags, _addr = socket.recv_fds(conn, 1 << 16, 3)
+    while len(data) < _HEADER.size or len(data) < _HEADER.size + _HEADER.unpack_from(data)[0]:
+        more = conn.recv(1 << 16)
+        if not more:
+            raise EOFError("launcher: request cut short")
+        data += more
+    (size,) = _HEADER.unpack_from(data)
+    return json.loads(data[_HEADER.size : _HEADER.size + size]), list(fds)
+
+
+def _serve(path: str) -> dict[str, Any]:
+    """Accept requests until stdin closes; fork a child per request. Returns only in a
+    child (its request); the server itself leaves through ``SystemExit``."""
+    listener = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+    listener.bind(path)
+    listener.listen(64)
+    wake_r, wake_w = os.pipe()
+    os.set_blocking(wake_r, False)
+    os.set_blocking(wake_w, False)
+    signal.signal(signal.SIGCHLD, lambda *_: None)
+    signal.set_wakeup_fd(wake_w)
+    sel = selectors.DefaultSelector()
+    sel.register(listener, selectors.EVENT_READ, "accept")
+    sel.register(wake_r, selectors.EVENT_READ, "child")
+    sel.register(sys.stdin.fileno(), selectors.EVENT_READ, "stdin")
+    children: dict[int, socket.socket] = {}
+    print("ready", flush=True)
+    while True:
+        for key, _ in sel.select():
+            if key.data == "stdin":  # the test session is gone: so is every child
+                for pid in children:
+                    with contextlib.suppress(ProcessLookupError):
+                        os.kill(pid, signal.SIGKILL)
+                raise SystemExit(0)
+            if key.data == "child":
+                with contextlib.suppress(BlockingIOError):
+                    while os.read(wake_r, 512):
+                        pass
+                _reap(children)
+                continue
+            conn, _ = listener.accept()
+            try:
+                request, fds = _recv_request(conn)
+            except (OSError, EOFError, ValueError):
+                conn.close()
+                continue
+            sys.stdout.flush()
+            sys.stderr.flush()
+            pid = os.fork()
+            if pid == 0:
+                signal.set_wakeup_fd(-1)
+                signal.signal(signal.SIGCHLD, signal.SIG_DFL)
+                sel.close()
+                for sock in (listener, conn, *children.values()):
+                    sock.close()
+                os.close(wake_r)
+                os.close(wake_w)
+                for target, fd in enumerate(fds):
+                    os.dup2(fd, target)
+                for fd in set(fds):
+                    if fd > 2:
+                        os.close(fd)
+                return request
+            for fd in fds:
+                os.close(fd)
+            children[pid] = conn
+            conn.sendall(json.dumps({"pid": pid}).encode() + b"\n")
+            _reap(children)  # a child may have ended before its conn was registered
+
+
+def _reap(children: dict[int, socket.socket]) -> None:
+    while children:
+        try:
+            pid, status = os.waitpid(-1, os.WNOHANG)
+        except ChildProcessError:
+            return
+        if pid == 0:
+            return
+        conn = children.pop(pid, None)
+        if conn is not None:
+            code = os.waitstatus_to_exitcode(status)
+            with contextlib.suppress(OSError):
+                conn.sendall(json.dumps({"status": code}).encode() + b"\n")
+            conn.close()
+
+
+def _stdio(unbuffered: bool) -> None:
+    """Standard streams over fds 0-2 as a fresh interpreter makes them."""
+
+    def writer(fd: int, errors: str) -> io.TextIOWrapper:
+        raw = io.FileIO(fd, "w", closefd=False)
+        tty = raw.isatty()
+        stream = raw if unbuffered else io.BufferedWriter(raw)
+        return io.TextIOWrapper(
+            stream,  # type: ignore[arg-type]
+            encoding="utf-8",
+            errors=errors,
+            line_buffering=tty,
+            write_through=unbuffered,
+        )
+
+    reader = io.TextIOWrapper(io.BufferedReader(io.FileIO(0, "r", closefd=False)), "utf-8")
+    sys.stdin = sys.__stdin__ = reader
+    sys.stdout = sys.__stdout__ = writer(1, "strict")
+    sys.stderr = sys.__stderr__ = writer(2, "backslashreplace")
+
+
+def _run(request: dict[str, Any], base_path: list[str]) -> None:
+    """Run the request as ``__main__`` in this (forked) process."""
+    import random
+    import runpy
+    import types
+
+    if request["new_session"]:
+        os.setsid()
+    os.chdir(request["cwd"])
+    os.environ.clear()
+    os.environ.update(request["env"])
+    _stdio(bool(os.environ.get("PYTHONUNBUFFERED")))
+    random.seed()
+    if "numpy.random" in sys.modules:
+        sys.modules["numpy.random"].seed()
+    extra = [p for p in os.environ.get("PYTHONPATH", "").split(os.pathsep) if p]
+    kind, target, args = request["kind"], request["target"], request["args"]
+    first = {
+        "script": lambda: os.path.dirname(os.path.realpath(target)),
+        "code": lambda: "",
+        "module": os.getcwd,
+    }[kind]()
+    sys.path[:] = [first, *(os.path.abspath(p) for p in extra), *base_path]
+    if request["profile"] == "full":  # a drill run here forks its runs from this server too
+        client._SERVERS["full"] = client.Server("full", attach=request["server"])
+        client.patch_drills()
+    if kind == "script":
+        sys.argv = [target, *args]
+        runpy.run_path(target, run_name="__main__")
+    elif kind == "module":
+        sys.argv = ["-m", *args]
+        sys.modules.pop(target, None)  # run as __main__ only, as `python -m` does
+        runpy.run_module(target, run_name="__main__", alter_sys=True)
+    else:
+        sys.argv = ["-c", *args]
+        main = types.ModuleType("__main__")
+        main.__dict__["__builtins__"] = __builtins__
+        sys.modules["__main__"] = main
+        exec(compile(target, "<string>", "exec"), main.__dict__)
+
+
+def _server_main(path: str, profile: str) -> None:
+    base_path = _BASE_PATH
+    _preload(profile)
+    request = _serve(path)
+    code = 0
+    try:
+        _run(request, base_path)
+    except SystemExit as done:
+        code = _exit_code(done.code)
+    except BaseException as err:  # as a fresh interpreter reports it: the script's frames only
+        import traceback
+
+        tb = err.__traceback__
+        while tb is not None and tb.tb_frame.f_code.co_filename == __file__:
+            tb = tb.tb_next
+        traceback.print_exception(type(err), err, tb)
+        code = -signal.SIGINT if isinstance(err, KeyboardInterrupt) else 1
+    _finalize(code)
+
+
+def _exit_code(code: object) -> int:
+    """What the interpreter exits with for ``sys.exit(code)``."""
+    if code is None:
+        return 0
+    if isinstance(code, int):
+        return code & 0xFF
+    print(code, file=sys.stderr)
+    return 1
+
+
+def _finalize(code: int) -> None:
+    """The interpreter's shutdown up to (not including) tearing its modules down, which
+    with torch, DVC and Hydra loaded takes over a second and changes nothing outside:
+    non-daemon threads joined, atexit handlers run, garbage (open files) collected and
+    flushed, the standard streams flushed; then exit with ``code``."""
+    import atexit
+    import gc
+
+    threading._shutdown()  # type: ignore[attr-defined]
+    atexit._run_exitfuncs()
+    gc.collect()
+    for stream in (sys.stdout, sys.stderr):
+        with contextlib.suppress(Exception):
+            stream.flush()
+    if code == -signal.SIGINT:  # Python ends by the signal itself after a KeyboardInterrupt
+        signal.signal(signal.SIGINT, signal.SIG_DFL)
+        os.kill(os.getpid(), signal.SIGINT)
+    os._exit(code)
+
+
+if __name__ == "__main__":
+    _server_main(sys.argv[1], sys.argv[2])
