@@ -49,6 +49,7 @@ from recovery.run.preemption import PreemptionGuard
 from recovery.run.watch import report
 from recovery.state.health import HealthMonitor, UpdateProbe
 from recovery.state.registry import TrainState
+from recovery.state.sampler import batch_digest
 
 log = logging.getLogger(__name__)
 
@@ -295,7 +296,7 @@ def train(
                     "epoch": result.epoch,
                     "loss": result.loss,
                     "lr": result.lr,
-                    "batch": result.batch,
+                    "batch": batch_digest(result.batch),
                     **({"update": update} if update is not None else {}),
                 }
             )

@@ -16,6 +16,7 @@ from recovery.errors import (
     CommitError,
     ConfigError,
     IncompatibleStateError,
+    InexactResumeError,
     Preempted,
     PurposeError,
     RecoveryError,
@@ -28,6 +29,7 @@ from recovery.run.preemption import PreemptionGuard
 from recovery.run.resume import select
 from recovery.state.health import HealthMonitor
 from recovery.state.loader import ResumableLoader
+from recovery.state.loop import LoopState
 from recovery.state.registry import Stateful, TrainState
 from recovery.state.sampler import ResumableSampler
 from recovery.tools.export import load_inference
@@ -42,7 +44,9 @@ __all__ = [
     "HealthConfig",
     "HealthMonitor",
     "IncompatibleStateError",
+    "InexactResumeError",
     "Journal",
+    "LoopState",
     "Preempted",
     "PreemptionGuard",
     "PurposeError",

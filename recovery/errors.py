@@ -33,6 +33,7 @@ and what to do. Only ``recovery.cli`` maps these classes to exit codes.
     ├── TrackingError(OSError)                  DVC could not register, push or fetch
     ├── ExportError(ValueError)                 an export failed parity or could not be built
     ├── DrillError                              a drill or preflight found a difference
+    ├── InexactResumeError                      a resumed run redid a step differently (strict)
     └── IncompatibleStateError(ValueError)      checkpoint does not fit this run
 """
 
@@ -228,6 +229,21 @@ class ExportError(RecoveryError, ValueError):
 
 class DrillError(RecoveryError):
     """A drill or a preflight found that recovery does not reproduce the run."""
+
+
+class InexactResumeError(RecoveryError):
+    """A resumed run recomputed a step differently from the run that died
+    (``checkpoint.resume_check.strict``): it is not the same run.
+
+    Attributes:
+        step: the first differing step.
+        field: the per-step record field that differs (``loss``, ``batch``, ...).
+    """
+
+    def __init__(self, message: str, *, step: int, field: str, path: str | Path | None = None):
+        super().__init__(message, path=path)
+        self.step = step
+        self.field = field
 
 
 class FormatError(RecoveryError, ValueError):

@@ -32,6 +32,7 @@ EXIT_CODES: list[tuple[type[BaseException], int, str]] = [
         "preempted: checkpointed at the step boundary, requeue with +resume=latest",
     ),
     (errors.ExportError, 22, "export failed its parity check; no artifact was left"),
+    (errors.InexactResumeError, 30, "a resumed run redid a step differently (strict resume check)"),
     (errors.DrillError, 23, "a drill or preflight found that recovery does not reproduce the run"),
     (errors.FormatError, 10, "verified bytes do not decode"),
     (errors.IncompatibleStateError, 11, "checkpoint does not fit this run"),

@@ -39,6 +39,9 @@ class History:
     abandoned: dict[int, str] = field(default_factory=dict)
     """Steps of an abandoned branch not written again since -> where they were moved
     (relative to the run directory)."""
+    steps: dict[int, dict[str, Any]] = field(default_factory=dict)
+    """Step -> the last per-step record written for it: what the run last did at each
+    step (a resume's self-check compares its redone steps with these)."""
 
     @property
     def newest(self) -> int | None:
@@ -53,9 +56,12 @@ def from_records(records: Iterable[dict[str, Any]]) -> History:
     committed: set[int] = set()
     retired: set[int] = set()
     abandoned: dict[int, str] = {}
+    per_step: dict[int, dict[str, Any]] = {}
     for rec in records:
         event = rec.get("event")
-        if event in BEGIN_EVENTS and isinstance(rec.get("run_id"), str):
+        if event is None and isinstance(rec.get("step"), int):
+            per_step[rec["step"]] = rec
+        elif event in BEGIN_EVENTS and isinstance(rec.get("run_id"), str):
             run_id = rec["run_id"]
         elif event == "checkpoint" and isinstance(rec.get("step"), int):
             committed.add(rec["step"])
@@ -67,7 +73,7 @@ def from_records(records: Iterable[dict[str, Any]]) -> History:
             to = rec.get("to")
             if event == "abandoned" and isinstance(to, str) and _BRANCH.match(to):
                 abandoned.update(dict.fromkeys(steps, to))
-    return History(run_id, frozenset(committed), frozenset(retired), abandoned)
+    return History(run_id, frozenset(committed), frozenset(retired), abandoned, per_step)
 
 
 def read(path: Path) -> History:

@@ -248,13 +248,14 @@ def choose(
     strict: bool,
     defer: Callable[[str], bool] | None = None,
     exclude: Mapping[Path, str] | None = None,
-) -> tuple[resume.Loaded | None, str | None]:
+) -> tuple[resume.Loaded | None, str | None, history.History]:
     """The checkpoint to resume (:func:`recovery.run.resume.select`, checked against the
     run's journal), the same on every rank. ``defer``, ``exclude``: as ``select``'s.
 
     Returns:
-        The checkpoint (``None``: start fresh), and the run id it replaces when ``spec``
-        names another run's checkpoint explicitly (loaded knowingly, and recorded so).
+        The checkpoint (``None``: start fresh); the run id it replaces when ``spec``
+        names another run's checkpoint explicitly (loaded knowingly, and recorded so);
+        and the run's history as its journal tells it (read once, here).
 
     Raises:
         as :func:`recovery.run.resume.select`; RecoveryError: the ranks chose differently.
@@ -282,7 +283,7 @@ def choose(
             loaded.manifest.recovery.get("run_id"),
             replaced,
         )
-    return loaded, replaced
+    return loaded, replaced, past
 
 
 def resume_event(

@@ -33,6 +33,7 @@ from recovery.run import restore as begin
 from recovery.run.differential import Differential
 from recovery.run.journal import Journal
 from recovery.run.preemption import PreemptionGuard
+from recovery.run.selfcheck import ResumeCheck
 from recovery.run.watch import Watch
 from recovery.state.registry import TrainState
 
@@ -62,6 +63,8 @@ class Restoring:
     """Whether the checkpointer made its journal and its preemption guard (it closes them)."""
     _health: HealthConfig | None
     _watch: Watch | None
+    _check: ResumeCheck | None = None
+    """The self-check of this process's resume (:mod:`recovery.run.selfcheck`), if it resumed."""
     differential: Differential
 
     def restore(
@@ -135,7 +138,7 @@ class Restoring:
             defer = is_dcp_shard if self.world.distributed else None
             damaged: dict[Path, str] = {}
             while True:
-                loaded, replaced = begin.choose(
+                loaded, replaced, past = begin.choose(
                     self.run_dir,
                     resume_spec,
                     self.trust,
@@ -148,7 +151,7 @@ class Restoring:
                 if loaded is None:
                     break
                 try:
-                    step = self._resume(state, loaded, replaced)
+                    step = self._resume(state, loaded, replaced, past.steps)
                 except VerificationError as err:
                     if not latest:
                         raise
@@ -169,7 +172,13 @@ class Restoring:
         self._event({**event, **({"absent": state.absent} if state.absent else {})})
         return 0
 
-    def _resume(self, state: TrainState, loaded: resume.Loaded, replaced: str | None) -> int:
+    def _resume(
+        self,
+        state: TrainState,
+        loaded: resume.Loaded,
+        replaced: str | None,
+        recorded: dict[int, dict[str, Any]],
+    ) -> int:
         # first: what it reads can still refuse (a base's file that does not decode), and
         # nothing may fail once the state is loaded
         self.differential.adopt(self.run_dir, loaded.verified, loaded.base, loaded.decoded)
@@ -187,6 +196,14 @@ class Restoring:
         self.identity = ident
         self.last_saved = ident.step
         self._event(begin.resume_event(loaded, ident, self.world.size, replaced=replaced))
+        check = self.cfg.resume_check
+        # another run's checkpoint continued knowingly: this journal's steps are not its own
+        if check.enabled and replaced is None:
+            self._check = ResumeCheck(
+                recorded, resumed_at=ident.step, cfg=check, journal=self.journal,
+                rank=self.world.rank,
+            )  # fmt: skip
+            self.journal.watch(self._check)
         return ident.step
 
     @property
@@ -200,7 +217,11 @@ class Restoring:
         return self.identity.resumed_from
 
     def _release(self) -> None:
-        """Stop watching, uninstall the guard the checkpointer installed, drop the lock."""
+        """Stop watching (a resume check not finished says how far it got), uninstall the
+        guard the checkpointer installed, drop the lock."""
+        if self._check is not None:
+            self._check.finish()
+            self._check = None
         if self._watch is not None:
             self._watch.close()
             self._watch = None

@@ -52,6 +52,7 @@ from recovery.state.registry import MODEL, OPTIMIZER, TrainState
 log = logging.getLogger(__name__)
 
 HEALTH = "health"
+SAMPLER = "sampler"
 
 
 def _fingerprint(obj: Any) -> Any:
@@ -181,9 +182,14 @@ class Watch:
     # -- per-step records (Journal.watch) ----------------------------------------
 
     def annotate(self, record: dict[str, Any]) -> dict[str, Any]:
-        """Fields to add to a per-step record: the last optimizer step's ``lr`` and ``update``."""
+        """Fields to add to a per-step record: the last optimizer step's ``lr`` and ``update``
+        (with the health monitor), and ``batch``: the digest of the example ids the
+        registered data position handed out since the previous record."""
         measured, self._measured = self._measured, {}
-        return measured if self.monitor is not None else {}
+        out = measured if self.monitor is not None else {}
+        take = getattr(self.state.components.get(SAMPLER), "take_drawn", None)
+        drawn = take() if callable(take) else None
+        return {**out, "batch": drawn} if drawn is not None else out
 
     def observed(self, record: dict[str, Any]) -> None:
         """Feed a written per-step record to the monitor; report a verdict it returns."""

@@ -226,6 +226,17 @@ class ResumableLoader:
             self.last_ids = [int(i) for i in ids]
             yield batch
 
+    @property
+    def epoch_ended(self) -> bool:
+        """Whether the batch just handed out was its epoch's last: the place for an epoch's
+        end work (a per-epoch scheduler, a test pass), before that step's ``maybe_save``."""
+        return self.sampler.epoch_ended
+
+    def take_drawn(self) -> str | None:
+        """The digest of the example ids handed out since the last call
+        (:meth:`~recovery.state.sampler.ResumableSampler.take_drawn`)."""
+        return self.sampler.take_drawn()
+
     def peek(self) -> list[int]:
         """The dataset indices of the next batch, without moving the position."""
         return [int(i) for i in self.sampler.peek()]

@@ -13,11 +13,25 @@ global torch generator at iterator creation, and its position cannot be saved.
 
 from __future__ import annotations
 
+import hashlib
 from typing import Any
 
 import numpy as np
 
 from recovery.errors import ConfigError, IncompatibleStateError
+
+
+def _absorb(h: Any, ids: Any) -> None:
+    h.update(np.asarray(ids, dtype="<i8").tobytes())
+
+
+def batch_digest(ids: Any) -> str:
+    """The digest a per-step record keeps of the example ids a step consumed (16 hex
+    digits of their sha256 as little-endian int64): equal exactly when the ids are, at
+    16 bytes a step instead of the ids themselves."""
+    h = hashlib.sha256()
+    _absorb(h, ids)
+    return h.hexdigest()[:16]
 
 
 class ResumableSampler:
@@ -63,6 +77,10 @@ class ResumableSampler:
         self.offset = 0
         self._order: np.ndarray | None = None
         self._order_epoch = -1
+        self._drawn: Any = None  # sha256 of the ids drawn since take_drawn()
+        self.epoch_ended = False
+        """Whether the batch just drawn was its epoch's last (the cursor moved to the next
+        epoch): where a loop does its epoch-end work, before that step's ``maybe_save``."""
 
     def _epoch_end(self) -> int:
         if self.drop_last:
@@ -86,10 +104,21 @@ class ResumableSampler:
         end = min(self.offset + self.batch_size, self._epoch_end())
         ids = self.order(epoch)[self.offset : end].copy()
         self.offset = end
-        if self.offset >= self._epoch_end():
+        self.epoch_ended = self.offset >= self._epoch_end()
+        if self.epoch_ended:
             self.epoch += 1
             self.offset = 0
+        if self._drawn is None:
+            self._drawn = hashlib.sha256()
+        _absorb(self._drawn, ids)
         return epoch, ids
+
+    def take_drawn(self) -> str | None:
+        """The :func:`batch_digest` of every id drawn since the last call (``None``: none),
+        so a step that drew several micro-batches, or fetched the next step's batch
+        ahead, is recorded by what it drew."""
+        drawn, self._drawn = self._drawn, None
+        return drawn.hexdigest()[:16] if drawn is not None else None
 
     def rest_of_epoch(self) -> list[np.ndarray]:
         """The ids of every batch left in the current epoch, without moving the cursor.
@@ -148,3 +177,5 @@ class ResumableSampler:
             )
         self.epoch = int(state["epoch"])
         self.offset = int(state["offset"])
+        self.epoch_ended = False
+        self._drawn = None
