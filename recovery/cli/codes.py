@@ -1,60 +1,13 @@
-"""Exit codes: one per error class, the table README.md lists. Only the CLI chooses them."""
+"""The CLI's exit codes (:mod:`recovery.exitcodes`) and its one-line report of an error."""
 
 from __future__ import annotations
 
 import sys
 
 from recovery import errors
+from recovery.exitcodes import EXIT_CODES, exit_code
 
-# Most specific first: the first isinstance match decides the code.
-EXIT_CODES: list[tuple[type[BaseException], int, str]] = [
-    (errors.CheckpointNotFoundError, 3, "checkpoint not found"),
-    (errors.ManifestError, 4, "manifest missing or malformed (uncommitted or damaged)"),
-    (errors.UnsafePathError, 5, "unsafe path or symlink"),
-    (errors.MissingFileError, 6, "a listed file is missing"),
-    (errors.ExtraFileError, 7, "an unlisted file is present"),
-    (errors.TruncatedFileError, 8, "a file has the wrong size"),
-    (errors.DigestMismatchError, 9, "a file's sha256 does not match"),
-    (errors.UnreadableFileError, 27, "a checkpoint file cannot be read (permissions, I/O)"),
-    (errors.SignatureError, 16, "signature bundle malformed or signature invalid"),
-    (errors.UntrustedSignerError, 17, "signer not in the trust store"),
-    (errors.ForeignCheckpointError, 24, "a checkpoint of another run in this run's directory"),
-    (errors.BrokenChainError, 29, "a differential checkpoint's base is missing or damaged"),
-    (errors.VerificationError, 15, "verification failed"),
-    (errors.PurposeError, 18, "artifact's purpose cannot serve the requested use"),
-    (errors.RollbackError, 25, "strict resume refused: the run's newest commit is gone"),
-    (errors.DriftError, 19, "strict resume refused: code, dependencies, data or config changed"),
-    (errors.SigningKeyError, 20, "signing key unreadable or unsupported"),
-    (errors.TrackingError, 21, "DVC could not register, push or fetch a checkpoint"),
-    (
-        errors.Preempted,
-        75,
-        "preempted: checkpointed at the step boundary, requeue with +resume=latest",
-    ),
-    (errors.ExportError, 22, "export failed its parity check; no artifact was left"),
-    (errors.InexactResumeError, 30, "a resumed run redid a step differently (strict resume check)"),
-    (errors.DrillError, 23, "a drill or preflight found that recovery does not reproduce the run"),
-    (errors.FormatError, 10, "verified bytes do not decode"),
-    (errors.IncompatibleStateError, 11, "checkpoint does not fit this run"),
-    (errors.ConfigError, 12, "invalid configuration"),
-    (errors.RunDirInUseError, 13, "fresh run into a run directory with checkpoints"),
-    (errors.RunDirLockedError, 26, "another process is writing this run directory"),
-    (errors.CommitError, 14, "checkpoint could not be committed"),
-    (
-        errors.StorageError,
-        28,
-        "checkpoint root or run directory not writable, deleted, or the disk is full",
-    ),
-    (errors.RecoveryError, 1, "other recovery error"),
-]
-
-
-def exit_code(err: BaseException) -> int:
-    """The exit code for an error (1 for anything unlisted)."""
-    for cls, code, _ in EXIT_CODES:
-        if isinstance(err, cls):
-            return code
-    return 1
+__all__ = ["EXIT_CODES", "exit_code", "report"]
 
 
 def report(err: BaseException) -> int:

@@ -14,6 +14,7 @@ and how it ends, :class:`~recovery.run.ending.Ending`.
 from __future__ import annotations
 
 import logging
+import os
 import time
 import uuid
 from collections.abc import Callable, Mapping
@@ -36,6 +37,7 @@ from recovery.parallel.world import World
 from recovery.provenance import capture as prov
 from recovery.provenance import purpose
 from recovery.provenance.purpose import BUILTIN, PurposeSpec
+from recovery.provenance.recordable import recordable
 from recovery.run import cadence, retention, savers
 from recovery.run import job as job_mod
 from recovery.run import restore as begin
@@ -60,7 +62,7 @@ class Checkpointer(Ending):
 
     Args:
         cfg: checkpoint settings.
-        run_dir: ``<checkpoint.root>/<run.name>``.
+        run_dir: ``<checkpoint.root>/<run.name>`` (a ``str`` or any path-like).
         final_step: the run's last step; a checkpoint is always written there.
         signer: signs every artifact; default: as the CLI resolves it
             (``$RECOVERY_SIGNING_KEY``, else the dev key: :mod:`recovery.integrity.trust`).
@@ -69,7 +71,9 @@ class Checkpointer(Ending):
         allow_untrusted: also load artifacts by other signers (signature still checked).
         provenance: :func:`recovery.provenance.capture.capture` of this process (captured
             here if not given).
-        config: the resolved config with secrets redacted (``config.yaml``, drift).
+        config: the resolved config with secrets redacted (``config.yaml``, drift): a dict
+            or an ``argparse.Namespace`` (paths recorded as strings); default: the
+            command line (:mod:`recovery.provenance.recordable`).
         model_config: what rebuilds the model (stored for warm starts).
         purposes: contracts by purpose name; default :data:`recovery.provenance.purpose.BUILTIN`.
         journal: the run's ``metrics.jsonl`` (default ``<run_dir>/metrics.jsonl``): start,
@@ -91,14 +95,14 @@ class Checkpointer(Ending):
     def __init__(
         self,
         cfg: CheckpointConfig,
-        run_dir: Path,
+        run_dir: str | os.PathLike[str],
         *,
         final_step: int,
         signer: Signer | None = None,
         trust: TrustStore | None = None,
         allow_untrusted: bool = False,
         provenance: dict[str, Any] | None = None,
-        config: Mapping[str, Any] | None = None,
+        config: Mapping[str, Any] | object | None = None,
         model_config: dict[str, Any] | None = None,
         purposes: Mapping[str, PurposeSpec] | None = None,
         journal: Journal | None = None,
@@ -118,13 +122,13 @@ class Checkpointer(Ending):
         self.world = world
         self.seed = seed
         self.cfg = cfg
-        self.run_dir = run_dir
+        self.run_dir = run_dir = Path(run_dir)
         self.root = run_dir.parent
         signer = signer if signer is not None else keys.resolve_signer(SigningConfig())
         self.signer = signer
         self.trust = trust if trust is not None else keys.resolve_trust(SigningConfig(), signer)
         self.allow_untrusted = allow_untrusted
-        self.config = dict(config) if config is not None else {}
+        self.config = recordable(config)
         self.provenance = provenance if provenance is not None else prov.capture(config=self.config)
         self.carried = job_mod.Carried(
             provenance=self.provenance,

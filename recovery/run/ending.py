@@ -4,20 +4,27 @@ at the end of the run.
 What follows a commit (link, best copy, retention, cost record, DVC); flushing
 the save in flight; and closing the run (costs recorded; the watch, lock,
 guard and journal the checkpointer made, released). As a context manager the
-checkpointer closes itself, and a :class:`~recovery.errors.Preempted` leaving
-the block becomes ``SystemExit(75)`` ("checkpointed, requeue me"), so an own
-loop needs no ``try``.
+checkpointer closes itself, and a library error leaving the block ends the
+process as ``recovery`` and ``train.py`` do: one line on stderr and the README's
+exit code (:mod:`recovery.exitcodes`; :class:`~recovery.errors.Preempted`: 75,
+"checkpointed, requeue me"), so an own loop needs no ``try``. A loop at module
+level without a with-block gets the same from :meth:`Ending.exit_on_error`.
 """
 
 from __future__ import annotations
 
+import atexit
 import logging
+import os
+import sys
+import threading
 import time
 from types import TracebackType
 from typing import Self
 
 from recovery.config import parse_duration
-from recovery.errors import Preempted
+from recovery.errors import Preempted, RecoveryError
+from recovery.exitcodes import exit_code
 from recovery.format.manifest import Manifest
 from recovery.integrity.reaping import Reaper
 from recovery.provenance import lineage
@@ -110,8 +117,50 @@ class Ending(Restoring):
         err: BaseException | None,
         tb: TracebackType | None,
     ) -> None:
-        """Close; a :class:`~recovery.errors.Preempted` leaving the block exits 75."""
-        self.close()
-        if isinstance(err, Preempted):
-            log.warning("%s", err)
-            raise SystemExit(REQUEUE_EXIT) from err
+        """Close; a library error leaving the block ends the process with its exit code and
+        one line (:class:`~recovery.errors.Preempted`: 75); anything else propagates."""
+        try:
+            self.close()
+        except RecoveryError as failed:  # the last background save failed
+            if not isinstance(err, RecoveryError):
+                err = failed
+        if isinstance(err, RecoveryError):
+            raise SystemExit(_one_line(err)) from err
+
+    def exit_on_error(self) -> None:
+        """For a loop at module level, without a with-block: from now on an uncaught library
+        error (:class:`~recovery.errors.Preempted` included) closes this checkpointer, prints
+        one line and ends the process with its exit code, as the with-block does. Other
+        exceptions keep Python's own handling. Call it on the main thread.
+        """
+        previous = sys.excepthook
+
+        def hook(kind: type[BaseException], err: BaseException, tb: TracebackType | None) -> None:
+            if not isinstance(err, RecoveryError):
+                previous(kind, err, tb)
+                return
+            try:
+                self.close()
+            except RecoveryError as failed:
+                log.error("while closing: %s", failed)
+            code = _one_line(err)
+            atexit._run_exitfuncs()  # what the interpreter's own exit would still run
+            for stream in (sys.stdout, sys.stderr):
+                stream.flush()
+            os._exit(code)  # an excepthook cannot choose the exit status otherwise
+
+        if threading.current_thread() is not threading.main_thread():
+            log.warning("exit_on_error: not on the main thread; errors propagate as raised")
+            return
+        sys.excepthook = hook
+
+
+def _one_line(err: RecoveryError) -> int:
+    """Log ``err`` as the CLI prints it (one line) and return its exit code."""
+    code = exit_code(err)
+    if isinstance(err, Preempted):
+        log.warning("%s", err)
+    else:
+        first = str(err).splitlines()[0] if str(err) else type(err).__name__
+        log.error("error: %s (exit %d)", first, code)
+    return REQUEUE_EXIT if isinstance(err, Preempted) else code

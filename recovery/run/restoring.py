@@ -28,7 +28,7 @@ from recovery.parallel import world as distributed
 from recovery.parallel.world import World
 from recovery.provenance import purpose
 from recovery.provenance.purpose import PurposeSpec
-from recovery.run import branches, resume, rundir
+from recovery.run import branches, resume, rundir, selfcheck
 from recovery.run import restore as begin
 from recovery.run.differential import Differential
 from recovery.run.journal import Journal
@@ -197,8 +197,10 @@ class Restoring:
         self.last_saved = ident.step
         self._event(begin.resume_event(loaded, ident, self.world.size, replaced=replaced))
         check = self.cfg.resume_check
+        if check.enabled and ident.resharded:  # another world size reseeds: not the same run
+            self._event(selfcheck.skipped(ident.step, "resharded onto another world size"))
         # another run's checkpoint continued knowingly: this journal's steps are not its own
-        if check.enabled and replaced is None:
+        elif check.enabled and replaced is None:
             self._check = ResumeCheck(
                 recorded, resumed_at=ident.step, cfg=check, journal=self.journal,
                 rank=self.world.rank,

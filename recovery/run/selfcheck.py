@@ -44,9 +44,10 @@ from recovery.run.journal import Journal
 log = logging.getLogger(__name__)
 
 EVENT = "resume_check"
-EXACT, INEXACT, INCOMPLETE = "exact", "inexact", "incomplete"
+EXACT, INEXACT, INCOMPLETE, SKIPPED = "exact", "inexact", "incomplete", "skipped"
 """A check's status: every redone step compared equal; a step differed; the run ended
-before it redid any step it could compare."""
+before it redid any step it could compare; not compared, by design (a resume onto another
+world size reseeds the RNG streams)."""
 BATCH = "batch"
 NOT_COMPARED = frozenset({"step", "event"})
 FIRST = (BATCH, "loss")
@@ -57,6 +58,11 @@ CAUSES_DATA = (
     "(a loader not registered as the state's sampler, a loader or sampler without its own "
     "seed/generator, or a batch fetched before the step and not registered: register it "
     "with recovery.LoopState)"
+)
+CAUSES_LR = (
+    "the learning rate differs: a scheduler stepped after the save (an epoch's end "
+    "scheduler.step() after maybe_save: do it before, on the epoch's last batch), or a rate "
+    "set by hand from a value the checkpoint does not hold (register it with recovery.LoopState)"
 )
 CAUSES_STATE = (
     "loop state the checkpoint does not hold: a batch fetched before the step or a "
@@ -80,7 +86,7 @@ class Difference:
 
     def describe(self, resumed_at: int) -> str:
         """The one-line warning."""
-        causes = CAUSES_DATA if self.field == BATCH else CAUSES_STATE
+        causes = {BATCH: CAUSES_DATA, "lr": CAUSES_LR}.get(self.field, CAUSES_STATE)
         return (
             f"INEXACT RESUME at step {self.step} (resumed from step {resumed_at}): "
             f"{self.field} was {_show(self.expected)} in the run that died, "
@@ -290,3 +296,15 @@ class ResumeCheck:
             log.info("%s", line)
         self.journal.write(self.summary())
         self.journal.unwatch(self)
+
+
+def skipped(resumed_at: int, reason: str) -> dict[str, Any]:
+    """The ``resume_check`` event of a resume that is not compared, and why."""
+    log.info("resume check from step %d: not compared (%s)", resumed_at, reason)
+    return {
+        "event": EVENT,
+        "status": SKIPPED,
+        "resumed_at": resumed_at,
+        "reason": reason,
+        "summary": True,
+    }

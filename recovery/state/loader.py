@@ -155,7 +155,8 @@ class ResumableLoader:
 
         Raises:
             ConfigError: an iterable dataset, a custom sampler or batch sampler, or
-                sampling with replacement: orders this class cannot reproduce.
+                sampling with replacement: orders this class cannot reproduce;
+                ``persistent_workers=True``, which it cannot keep (refused, not dropped).
         """
         sampler = loader.sampler
         if (
@@ -170,6 +171,13 @@ class ResumableLoader:
                 f"ResumableLoader.from_loader: a DataLoader with {type(sampler).__name__} "
                 "cannot be resumed exactly here (supported: batch_size= with shuffle=True "
                 "or False over a map-style dataset); use torchdata's StatefulDataLoader"
+            )
+        if loader.persistent_workers:
+            raise ConfigError(
+                "ResumableLoader.from_loader: the DataLoader has persistent_workers=True, "
+                "which a resumable loader cannot keep (each pass hands its DataLoader a new "
+                "list of batches; workers start once per epoch); pass "
+                "persistent_workers=False, or use torchdata's StatefulDataLoader"
             )
         generator = loader.generator or getattr(sampler, "generator", None)
         if seed is None and generator is None:

@@ -17,7 +17,7 @@ from recovery.integrity import reader
 from recovery.integrity.trust import KEY_ENV
 from recovery.parallel import sharded
 from recovery.run import resume
-from recovery.run.journal import effective_steps
+from recovery.run.journal import effective_steps, read
 from recovery.tools.drill import flat_tensors
 from tests.integration.conftest import SMALL, STEPS
 
@@ -70,9 +70,24 @@ def test_a_two_rank_job_killed_and_resumed_is_bit_identical(
     killed = trainer(victim, f"dist.strategy={strategy}", nproc=2, pause_at="step-35")
     assert killed.returncode != 0
     assert [s for s, _ in scan(victim / "r").committed] == [10, 20, 30]
+    if strategy == "ddp":  # every rank compares its redone steps with the dead job's journal
+        broken = tmp_path / "broken"
+        shutil.copytree(victim, broken)
+        journal = broken / "r" / METRICS_FILE  # as if the dead job had trained otherwise
+        lines = [json.loads(line) for line in journal.read_text().splitlines()]
+        for rec in lines:
+            if rec.get("step") == 32 and "event" not in rec:
+                rec["loss"] += 1e-9
+        journal.write_text("".join(json.dumps(r) + "\n" for r in lines))
+        inexact = trainer(broken, "+resume=latest", nproc=2)
+        assert inexact.returncode == 0, inexact.output
+        for rank in ("", "rank 1: "):
+            assert f"{rank}INEXACT RESUME at step 32 (resumed from step 30): loss" in inexact.output
     resumed = trainer(victim, f"dist.strategy={strategy}", "+resume=latest", nproc=2)
     assert resumed.returncode == 0, resumed.output
     assert "resumed from" in resumed.output and "resharded" not in resumed.output
+    checks = [r for r in read(victim / "r" / METRICS_FILE) if r.get("event") == "resume_check"]
+    assert [(c["status"], c["identical"]) for c in checks] == [("exact", 5)]
     assert_same_job(reference, victim / "r", trust, ranks=2)
     final = resume.load(victim / "r" / step_dir_name(STEPS), trust)
     spread = final.decoded.meta[DISTRIBUTED]

@@ -39,6 +39,13 @@ def test_sigkill_between_checkpoints_then_resume_is_bit_identical(
     resumes = [r for r in read(second.run_dir / "metrics.jsonl") if r.get("event") == "resume"]
     assert resumes[-1]["step"] == expect_from
     assert resumes[-1]["from"].endswith(step_dir_name(expect_from))
+    # the recipe's resume checked itself: the steps the dead process journaled, redone equal
+    redone = int(kill_at.split("-")[1]) - expect_from
+    checks = [r for r in read(second.run_dir / "metrics.jsonl") if r.get("event") == "resume_check"]
+    assert [(c["status"], c["compared"], c["identical"]) for c in checks] == [
+        ("exact", redone, redone)
+    ]
+    assert f"resume check: {redone} redone steps bit-identical" in second.output
     assert_same_run(reference, second.run_dir, trust)
 
 
