@@ -15,9 +15,10 @@ from typing import Any
 from recovery import errors
 from recovery.cli.codes import EXIT_CODES, exit_code
 from recovery.cli.common import add_trust_flags, emit, signer_of, signer_text, trust_of
-from recovery.format.layout import scan
-from recovery.run import resume
+from recovery.format.layout import METRICS_FILE, scan
+from recovery.run import journal, resume
 from recovery.storage import tracking
+from recovery.tools.report.run import story
 
 
 def human_size(n: int) -> str:
@@ -89,6 +90,23 @@ def columns(table: list[list[str]], right: tuple[int, ...]) -> str:
     )
 
 
+def resume_checks(run_dir: Path) -> list[dict[str, Any]]:
+    """Each resume the run's journal records, with its self-check (what the run says: the
+    journal is not signed)."""
+    path = run_dir / METRICS_FILE
+    if not path.is_file():
+        return []
+    return [
+        {
+            "step": r.step,
+            "from": r.name,
+            "check": r.checked,
+            "status": (r.check or {}).get("status"),
+        }
+        for r in story(journal.read(path)).resumes
+    ]
+
+
 def cmd_ls(args: argparse.Namespace) -> int:
     """List a run's checkpoints, each verified; exit with the first failure's code.
 
@@ -137,8 +155,11 @@ def cmd_ls(args: argparse.Namespace) -> int:
     ]
     if not dvc_on:
         table = [line[:6] + line[7:] for line in table]
-    data = {"run_dir": str(run_dir), "dvc_in_use": dvc_on, "checkpoints": rows}
-    emit(args, data, columns(table, right=(0, 3)))
+    resumes = resume_checks(run_dir)
+    data = {"run_dir": str(run_dir), "dvc_in_use": dvc_on, "checkpoints": rows,
+            "resumes": resumes}  # fmt: skip
+    lines = [f"resumed at step {r['step']} from {r['from']}: {r['check']}" for r in resumes]
+    emit(args, data, "\n".join([columns(table, right=(0, 3)), *lines]))
     if not failed:
         return 0
     print(

@@ -85,3 +85,10 @@ def test_differential_checkpoints_are_measured_against_full_ones_and_bit_identic
     assert row["differential"]["deltas"] == 3 and row["ratio"] > 0
     assert set(result["resume"]["first_step_s_median"]) == {"full", "delta"}
     assert result["delta_cost"]["changed_rows"] > 0
+
+
+def test_the_resume_self_check_cost_is_measured(tmp_path):
+    result = run("bench_resume_check.py", "--steps", "500,1000", "--runs", "1", tmp_path=tmp_path)
+    assert [r["steps"] for r in result["journal"]] == [500, 1000]
+    assert all(0 < r["keep_s"] < r["read_s"] for r in result["journal"])
+    assert result["write_checked_us"] > 0 and result["write_us"] > 0

@@ -17,6 +17,7 @@ from pathlib import Path
 
 import pytest
 
+from recovery.cli.listing import resume_checks
 from recovery.format.layout import METRICS_FILE, scan
 from recovery.integrity.trust import KEY_ENV
 from recovery.run.journal import read
@@ -72,6 +73,11 @@ def test_hidden_loop_state_left_out_is_an_inexact_resume_naming_the_first_step(t
     redone = int(kill.split("-")[1]) - resumed
     assert summary["summary"] and summary["status"] == "inexact"
     assert (summary["compared"], summary["redone"]) == (redone, [resumed + 1, resumed + redone])
+    # `recovery ls` shows it for that resume
+    assert resume_checks(run_dir) == [
+        {"step": resumed, "from": f"step-{resumed:08d}", "status": "inexact",
+         "check": f"INEXACT at step {first} ({field}); 0 of {redone} identical"}
+    ]  # fmt: skip
 
 
 @pytest.mark.parametrize("kind", list(KINDS))

@@ -167,3 +167,24 @@ def test_skipped_event():
 def test_config_refuses(kwargs, message):
     with pytest.raises(ConfigError, match=message):
         ResumeCheckConfig(**kwargs)
+
+
+def test_the_report_shows_each_resumes_self_check():
+    from recovery.tools.report.run import story
+
+    st = story(
+        [{"event": "start", "run_id": "r"}, {"step": 1}, {"step": 2}, {"step": 3},
+         {"event": "resume", "run_id": "r", "step": 1, "from": "run/step-00000001"},
+         {"event": "resume_check", "status": "inexact", "resumed_at": 1,
+          "first": {"step": 2, "field": "loss", "expected": 1.0, "found": 2.0}},
+         {"event": "resume_check", "status": "inexact", "resumed_at": 1, "compared": 2,
+          "identical": 0, "first": {"step": 2, "field": "loss"}, "summary": True},
+         {"step": 2}, {"step": 3},
+         {"event": "resume", "run_id": "r", "step": 2, "from": "run/step-00000002"},
+         {"event": "resume_check", "status": "exact", "resumed_at": 2, "compared": 1,
+          "identical": 1, "summary": True}]
+    )  # fmt: skip
+    assert [r.checked for r in st.resumes] == [
+        "INEXACT at step 2 (loss); 0 of 2 identical",
+        "1 of 1 redone steps bit-identical",
+    ]

@@ -63,6 +63,27 @@ class Resume:
     redone: tuple[int, int] | None = None
     """Steps (first, last) the process before it had recorded past the checkpoint: the
     work the resume redid."""
+    check: dict[str, Any] | None = None
+    """The self-check of its redone steps (the ``resume_check`` summary, or the first
+    difference when the run ended before the summary; ``None``: not compared)."""
+
+    @property
+    def checked(self) -> str:
+        """``5 of 5 redone steps bit-identical``, ``INEXACT at step 42 (loss)``, ...."""
+        c = self.check or {}
+        first = c.get("first") if isinstance(c.get("first"), dict) else None
+        if c.get("status") == "inexact" and first is not None:
+            counted = (
+                f"; {c.get('identical')} of {c.get('compared')} identical"
+                if c.get("summary")
+                else ""
+            )
+            return f"INEXACT at step {first.get('step')} ({first.get('field')}){counted}"
+        if c.get("status") == "exact":
+            return f"{c.get('identical')} of {c.get('compared')} redone steps bit-identical"
+        if c.get("status") == "skipped":
+            return f"not compared ({c.get('reason')})"
+        return "not compared"
 
     @property
     def name(self) -> str:
@@ -194,6 +215,12 @@ def story(records: Iterable[dict[str, Any]]) -> Story:
             out.retired.update(s for s in items(rec.get("steps")) if isinstance(s, int))
         elif event == "abandoned":
             out.abandoned.append(rec)
+        elif event == "resume_check":
+            at = rec.get("resumed_at")
+            for resume in reversed(out.resumes):
+                if resume.step == at and (resume.check is None or rec.get("summary")):
+                    resume.check = rec
+                    break
         elif event == "resume_health":
             at = rec.get("resumed_at")
             for resume in reversed(out.resumes):

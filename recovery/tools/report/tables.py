@@ -55,6 +55,9 @@ def resumes_table(st: Story) -> str:
                 ", ".join(r.drift) or "none",
                 world,
                 redone,
+                badge(r.checked, "warn" if r.checked.startswith("INEXACT") else "ok")
+                if r.check
+                else Cell("not compared", "muted"),
                 r.previous_end,
             ]
         )
@@ -69,6 +72,7 @@ def resumes_table(st: Story) -> str:
         "drift",
         "world",
         "steps redone",
+        "self-check",
         "process before",
     ]
     return table(head, rows) if rows else para("The run was never resumed.", "muted")
