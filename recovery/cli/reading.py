@@ -24,6 +24,7 @@ from recovery.cli.common import (
     trust_of,
 )
 from recovery.provenance import lineage
+from recovery.run import selfcheck
 from recovery.state.registry import MODEL
 from recovery.tools import audit
 from recovery.tools.report import lineage as report_lineage
@@ -174,6 +175,8 @@ def audit_text(report: audit.Report) -> str:
             )
         if link.drift:
             parts.append("drift since: " + ",".join(link.drift))
+        if link.check:
+            parts.append("resume " + selfcheck.verdict(link.check))
         out.append("  " + "  ".join(parts))
         if link.error:
             out.append(f"      error: {link.error}")

@@ -81,15 +81,18 @@ BUILTIN: dict[str, PurposeSpec] = {
 }
 
 
-DECLARABLE: tuple[str, ...] = ("scheduler", "sampler")
+DECLARABLE: tuple[str, ...] = ("scheduler", "sampler", "optimizer")
 """Required components a loop may declare it does not have, with a reason, instead of
 registering a stand-in: a learning rate that is a function of the step (nanoGPT's
-``g["lr"] = get_lr(step)``) needs no scheduler, and batches drawn from the RNG (which
-is always captured) need no data position."""
+``g["lr"] = get_lr(step)``) needs no scheduler, batches drawn from the RNG (which
+is always captured) need no data position, and a hand-written update
+(``p -= lr * p.grad``) needs no optimizer (what it carries across steps, a momentum
+buffer say, goes in a ``LoopState``)."""
 
 HOW: dict[str, str] = {
     "scheduler": "the lr is a function of the step",
     "sampler": "batches are drawn from the rng",
+    "optimizer": "a hand-written update: p -= lr * p.grad",
 }
 """An example reason per declarable component, for the messages."""
 

@@ -109,6 +109,7 @@ class Restoring:
             if self._watch is None:  # registers the health monitor before anything loads
                 self._watch = Watch(state, self.journal, health=self._health)
             step = self._restore(state, resume_spec, init_from)
+            self._watch.started(step)
         except BaseException:
             self._release()
             raise
@@ -202,11 +203,20 @@ class Restoring:
         # another run's checkpoint continued knowingly: this journal's steps are not its own
         elif check.enabled and replaced is None:
             self._check = ResumeCheck(
-                recorded, resumed_at=ident.step, cfg=check, journal=self.journal,
+                recorded,
+                resumed_at=ident.step,
+                cfg=check,
+                journal=self.journal,
                 rank=self.world.rank,
-            )  # fmt: skip
+                done=self._sign_check,
+            )
             self.journal.watch(self._check)
         return ident.step
+
+    def _sign_check(self, summary: dict[str, Any]) -> None:
+        # a new segment dict: a save job in flight keeps the list it copied, untouched
+        last = self.identity.lineage[-1]
+        self.identity.lineage[-1] = {**last, "check": selfcheck.signed(summary)}
 
     @property
     def run_id(self) -> str:

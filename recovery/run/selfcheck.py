@@ -33,7 +33,7 @@ from __future__ import annotations
 
 import logging
 import math
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 from typing import Any
 
@@ -161,6 +161,8 @@ class ResumeCheck:
         cfg: tolerances, strictness and the fields not compared.
         journal: where the verdicts are written (rank 0's; a discarding one elsewhere).
         rank: this process's rank, named in its log lines under torchrun.
+        done: called with the summary once it is written (the checkpointer signs it
+            into the run's lineage: :func:`signed`).
     """
 
     def __init__(
@@ -171,6 +173,7 @@ class ResumeCheck:
         cfg: ResumeCheckConfig,
         journal: Journal,
         rank: int = 0,
+        done: Callable[[dict[str, Any]], None] | None = None,
     ) -> None:
         self.expected = {s: r for s, r in expected.items() if s > resumed_at}
         self.resumed_at = resumed_at
@@ -183,6 +186,7 @@ class ResumeCheck:
         self.first: Difference | None = None
         self.done = not self.expected
         self._ignore = frozenset(cfg.ignore)
+        self._done = done
 
     # -- Journal.watch -------------------------------------------------------------
 
@@ -294,8 +298,11 @@ class ResumeCheck:
             log.warning("%s", line)
         else:
             log.info("%s", line)
-        self.journal.write(self.summary())
+        summary = self.summary()
+        self.journal.write(summary)
         self.journal.unwatch(self)
+        if self._done is not None:
+            self._done(summary)
 
 
 def skipped(resumed_at: int, reason: str) -> dict[str, Any]:
@@ -308,3 +315,30 @@ def skipped(resumed_at: int, reason: str) -> dict[str, Any]:
         "reason": reason,
         "summary": True,
     }
+
+
+def signed(summary: Mapping[str, Any]) -> dict[str, Any]:
+    """What of a summary the run's lineage segment carries (in every later checkpoint's
+    signed statement, so ``recovery audit`` shows it without the journal)."""
+    keys = ("status", "compared", "identical", "redone", "first", "tolerance", "reason")
+    return {k: summary[k] for k in keys if k in summary}
+
+
+def verdict(check: Mapping[str, Any]) -> str:
+    """A check in a few words: ``5 of 5 redone steps bit-identical``, ``INEXACT at step 42
+    (loss); 3 of 5 identical``, ``not compared (why)``."""
+    first = check.get("first") if isinstance(check.get("first"), dict) else None
+    status = check.get("status")
+    if status == INEXACT and first is not None:
+        counted = (
+            f"; {check.get('identical')} of {check.get('compared')} identical"
+            if "compared" in check
+            else ""
+        )
+        return f"INEXACT at step {first.get('step')} ({first.get('field')}){counted}"
+    if status == EXACT:
+        exactly = "within tolerance" if check.get("tolerance") else "bit-identical"
+        return f"{check.get('identical')} of {check.get('compared')} redone steps {exactly}"
+    if status == SKIPPED:
+        return f"not compared ({check.get('reason')})"
+    return "not compared"

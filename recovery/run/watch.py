@@ -25,6 +25,18 @@ calling anything:
   the optimizer step (it draws the batch). A scheduler stepped at the top of the
   loop before ``optimizer.step()`` (an order torch itself warns about) reads the
   same way.
+- **A save before its step's update.** The optimizer steps since the run began are
+  counted (its post-step hook); a checkpoint of step ``s`` taken after fewer than
+  ``s - start`` of them was taken before ``optimizer.step()`` of its step (or between
+  the micro-batches of an accumulated step): it holds step ``s - 1``'s parameters
+  labelled ``s``, and a resume from it skips an update. Warned once
+  (``save_before_step``); not judged with an enabled GradScaler registered (it skips
+  the steps whose gradients overflowed).
+- **A loader on the global stream after a save.** A ``DataLoader`` without
+  ``generator=`` that starts an iterator after a checkpoint was taken and before the
+  next optimizer step (:mod:`recovery.run.loaderstarts`) drew its seed from the global
+  torch generator in code a resumed run may not run again (an epoch's test pass after
+  its last save). Warned once (``loader_after_save``).
 - **The model left in eval mode.** A ``metrics`` callable (an evaluation pass,
   run only at checkpoints) that calls ``model.eval()`` and not ``model.train()``
   leaves the original run training without dropout from the first checkpoint
@@ -44,8 +56,15 @@ from torch.optim.lr_scheduler import LRScheduler
 from recovery.config import HealthConfig
 from recovery.parallel import sharded
 from recovery.parallel import world as distributed
+from recovery.run import loaderstarts
 from recovery.run.journal import Journal
-from recovery.state.guards import EVAL_MODE, STEPPED_AFTER_SAVE, Caution
+from recovery.state.guards import (
+    EVAL_MODE,
+    LOADER_AFTER_SAVE,
+    SAVE_BEFORE_STEP,
+    STEPPED_AFTER_SAVE,
+    Caution,
+)
 from recovery.state.health import WARN, HealthMonitor, UpdateProbe, Verdict
 from recovery.state.registry import MODEL, OPTIMIZER, TrainState
 
@@ -105,7 +124,15 @@ class Watch:
         self._lr_now: float | None = None
         self._measured: dict[str, float] = {}
         self._last_step = 0
+        self._start: int | None = None
+        self._updates = 0
+        self._registered = {id(c) for c in state.components.values()}
         journal.watch(self)
+        loaderstarts.watch(self._loader_started)
+
+    def started(self, step: int) -> None:
+        """The run begins (fresh or resumed) at ``step``: optimizer steps count from here."""
+        self._start, self._updates = step, 0
 
     # -- optimizer steps ---------------------------------------------------------
 
@@ -113,6 +140,7 @@ class Watch:
         """A checkpoint of ``step`` was just taken: note what must not change before the
         next optimizer step."""
         self._saved_step = step
+        self._check_order(step)
         self._pending = {
             name: mark
             for name, obj in self.state.components.items()
@@ -131,7 +159,54 @@ class Watch:
             if self.probe is not None:
                 self.probe.before()
 
+    def _check_order(self, step: int) -> None:
+        if self._main is None or self._start is None or SAVE_BEFORE_STEP in self._warned:
+            return
+        scalers = [c for c in self.state.components.values() if isinstance(c, torch.amp.GradScaler)]
+        if any(s.is_enabled() for s in scalers) or self._updates >= step - self._start:
+            return
+        self._warned.add(SAVE_BEFORE_STEP)
+        self._caution(
+            SAVE_BEFORE_STEP,
+            OPTIMIZER,
+            f"the checkpoint of step {step} was taken after {self._updates} optimizer steps "
+            f"since step {self._start}, fewer than {step - self._start}: maybe_save({step}) ran "
+            "before optimizer.step() of its step (or between the micro-batches of an "
+            f"accumulated step), so it holds step {step - 1}'s parameters labelled {step} and "
+            "a resume from it skips an update. Call maybe_save after optimizer.step()",
+            step,
+        )
+
+    def _loader_started(self, loader: Any) -> None:
+        if (
+            self._pending is None  # not between a save and the next optimizer step
+            or loader.generator is not None
+            or id(loader) in self._registered
+            or LOADER_AFTER_SAVE in self._warned
+        ):
+            return
+        self._warned.add(LOADER_AFTER_SAVE)
+        what = type(loader.dataset).__name__
+        self._caution(
+            LOADER_AFTER_SAVE,
+            what,
+            f"a DataLoader over {what} without generator= started after the checkpoint of "
+            f"step {self._saved_step} and before the next optimizer step: it drew its seed "
+            "from the global torch generator, which the training step draws from too. If "
+            f"that is work at the end of step {self._saved_step} (an epoch's test pass after "
+            "its last maybe_save), a run resumed from that checkpoint does not run it again "
+            "and trains other random numbers from there. Give it its own "
+            "generator=torch.Generator().manual_seed(...), or do that work before maybe_save",
+            self._saved_step,
+        )
+
+    def _caution(self, kind: str, component: str, message: str, step: int) -> None:
+        caution = Caution(kind, component, message)
+        log.warning("%s", caution.message)
+        self.journal.write(caution.record(step=step))
+
     def _after_step(self, opt: torch.optim.Optimizer, *_: Any) -> None:
+        self._updates += 1
         if self._lr_now is not None:
             self._measured["lr"] = self._lr_now
         if self.probe is not None:
@@ -217,6 +292,7 @@ class Watch:
         if self.monitor is not None:
             self.report(self.monitor.finish())
         self.journal.unwatch(self)
+        loaderstarts.unwatch(self._loader_started)
         for hook in self._hooks:
             hook.remove()
         self._hooks = []

@@ -43,6 +43,8 @@ UNREGISTERED_SCHEDULER = "unregistered_scheduler"
 FOREIGN_OPTIMIZER = "foreign_optimizer"
 STEPPED_AFTER_SAVE = "stepped_after_save"
 EVAL_MODE = "eval_mode_after_metrics"
+SAVE_BEFORE_STEP = "save_before_step"
+LOADER_AFTER_SAVE = "loader_after_save"
 
 
 @dataclass(frozen=True)

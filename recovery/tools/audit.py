@@ -98,6 +98,9 @@ class Link:
     ``sha256``, and ``origin`` ``unverified`` (nothing vouches for who produced them)."""
     base: dict[str, Any] | None = None
     """A delta's base (``name``, ``step``, ``digest``), verified with it."""
+    check: dict[str, Any] | None = None
+    """On a resume link: the self-check of the steps that resume redid, as the run's later
+    checkpoints signed it (``status``, ``compared``, ``identical``, ``first``)."""
     error: str | None = None
     exception: RecoveryError | None = field(default=None, repr=False)
 
@@ -279,6 +282,8 @@ def audit(
                 link.drift = sorted({*link.drift, *(d.split(":", 1)[0] for d in src_seg["drift"])})
             if src_seg and src_seg.get("resharded"):
                 link.resharded = src_seg["resharded"]
+            if src_seg and isinstance(src_seg.get("check"), dict):
+                link.check = src_seg["check"]
     return Report(str(path), links, segments, moved)
 
 

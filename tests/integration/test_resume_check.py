@@ -18,10 +18,12 @@ from pathlib import Path
 import pytest
 
 from recovery.cli.listing import resume_checks
-from recovery.format.layout import METRICS_FILE, scan
+from recovery.format.layout import METRICS_FILE, scan, step_dir_name
+from recovery.integrity.signing import TrustStore
 from recovery.integrity.trust import KEY_ENV
 from recovery.run.journal import read
 from recovery.state.registry import DROP_ENV
+from recovery.tools.audit import audit
 from tests.integration.conftest import run_killed_at
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -73,6 +75,11 @@ def test_hidden_loop_state_left_out_is_an_inexact_resume_naming_the_first_step(t
     redone = int(kill.split("-")[1]) - resumed
     assert summary["summary"] and summary["status"] == "inexact"
     assert (summary["compared"], summary["redone"]) == (redone, [resumed + 1, resumed + redone])
+    # the run's later checkpoints sign it into their lineage: `recovery audit` shows it
+    final = audit(run_dir / step_dir_name(16), TrustStore([]), allow_untrusted=True)
+    (link,) = [lk for lk in final.links if lk.relation == "resume"]
+    assert link.check is not None and link.check["status"] == "inexact"
+    assert link.check["first"]["step"] == first
     # `recovery ls` shows it for that resume
     assert resume_checks(run_dir) == [
         {"step": resumed, "from": f"step-{resumed:08d}", "status": "inexact",

@@ -213,12 +213,11 @@ def _server_main(path: str, profile: str) -> None:
     except SystemExit as done:
         code = _exit_code(done.code)
     except BaseException as err:  # as a fresh interpreter reports it: the script's frames only
-        import traceback
-
         tb = err.__traceback__
         while tb is not None and tb.tb_frame.f_code.co_filename == __file__:
             tb = tb.tb_next
-        traceback.print_exception(type(err), err, tb)
+        # the script's own hook, if it installed one (the default prints __traceback__)
+        sys.excepthook(type(err), err.with_traceback(tb), tb)
         code = -signal.SIGINT if isinstance(err, KeyboardInterrupt) else 1
     _finalize(code)
 

@@ -18,6 +18,7 @@ from dataclasses import dataclass, field
 from pathlib import PurePath
 from typing import Any
 
+from recovery.run import selfcheck
 from recovery.run.history import BEGIN_EVENTS
 from recovery.run.journal import is_step
 
@@ -69,21 +70,8 @@ class Resume:
 
     @property
     def checked(self) -> str:
-        """``5 of 5 redone steps bit-identical``, ``INEXACT at step 42 (loss)``, ...."""
-        c = self.check or {}
-        first = c.get("first") if isinstance(c.get("first"), dict) else None
-        if c.get("status") == "inexact" and first is not None:
-            counted = (
-                f"; {c.get('identical')} of {c.get('compared')} identical"
-                if c.get("summary")
-                else ""
-            )
-            return f"INEXACT at step {first.get('step')} ({first.get('field')}){counted}"
-        if c.get("status") == "exact":
-            return f"{c.get('identical')} of {c.get('compared')} redone steps bit-identical"
-        if c.get("status") == "skipped":
-            return f"not compared ({c.get('reason')})"
-        return "not compared"
+        """``5 of 5 redone steps bit-identical``, ``INEXACT at step 42 (loss); ...``."""
+        return selfcheck.verdict(self.check) if self.check else "not compared"
 
     @property
     def name(self) -> str:
