@@ -16,11 +16,13 @@ import sys
 from pathlib import Path
 
 import pytest
+import torch
 
 from recovery.cli.listing import resume_checks
 from recovery.format.layout import METRICS_FILE, scan, step_dir_name
 from recovery.integrity.signing import TrustStore
 from recovery.integrity.trust import KEY_ENV
+from recovery.run import resume
 from recovery.run.journal import read
 from recovery.state.registry import DROP_ENV
 from recovery.tools.audit import audit
@@ -118,3 +120,25 @@ def test_a_data_position_not_restored_is_named_as_a_data_order_difference(tmp_pa
     first = checks(run_dir)[0]["first"]
     assert (first["step"], first["field"]) == (6, "batch")
     assert "Likely: the data order differs" in out
+
+
+@pytest.mark.parametrize("forget", [False, True], ids=["before-the-save", "after-the-save"])
+def test_epoch_end_work_killed_at_the_epoch_boundary(tmp_path, forget):
+    """Saved every step, killed right after the epoch's last save: the documented pattern
+    (the per-epoch scheduler stepped before that save) ends bit-identical to an
+    uninterrupted run; the natural shape (stepped after it) does not."""
+    flags = ("--kind", "epoch_end", "--every", "1", *(("--forget",) if forget else ()))
+    code, out = run(FIXTURE, tmp_path / "ref", *flags)
+    assert code == 0, out
+    victim = tmp_path / "victim"
+    code, out = run(FIXTURE, victim, *flags, pause_at="step-8")  # the epoch's last step
+    assert code == -signal.SIGKILL, out
+    code, out = run(FIXTURE, victim, *flags)
+    assert code == 0, out
+    trust = TrustStore([])
+    final = [
+        resume.load(d / step_dir_name(16), trust, allow_untrusted=True).decoded.tree["model"]
+        for d in (tmp_path / "ref", victim)
+    ]
+    same = all(torch.equal(final[0][k], final[1][k]) for k in final[0])
+    assert same is not forget

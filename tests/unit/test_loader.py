@@ -92,6 +92,12 @@ def test_from_loader_keeps_a_dataloaders_settings_and_seed() -> None:
     assert not ResumableLoader.from_loader(DataLoader(Noisy(), batch_size=4)).sampler.shuffle
 
 
+def test_from_loader_refuses_persistent_workers_rather_than_dropping_them() -> None:
+    plain = DataLoader(Noisy(), batch_size=4, num_workers=1, persistent_workers=True)
+    with pytest.raises(ConfigError, match="persistent_workers=True, which a resumable loader"):
+        ResumableLoader.from_loader(plain)
+
+
 def test_from_loader_without_a_generator_warns(caplog: pytest.LogCaptureFixture) -> None:
     with caplog.at_level(logging.WARNING):
         ResumableLoader.from_loader(DataLoader(Noisy(), batch_size=4, shuffle=True))
