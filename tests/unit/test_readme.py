@@ -80,3 +80,57 @@ def test_every_differential_key_is_documented():
     conf = Path(__file__).resolve().parents[2] / "conf" / "checkpoint" / "default.yaml"
     for key in yaml.safe_load(conf.read_text())["differential"]:
         assert f"`checkpoint.differential.{key}=`" in README, key
+
+
+def test_the_epoch_end_pattern_runs_and_steps_the_scheduler_before_each_epochs_save(tmp_path):
+    import torch
+
+    from recovery import CheckpointConfig, Checkpointer, ResumableLoader, TrainState
+
+    block = README.split("**Work at an epoch's end.**", 1)[1]
+    code = block.split("```python\n", 1)[1].split("```", 1)[0]
+    model = torch.nn.Linear(2, 1)
+    opt = torch.optim.SGD(model.parameters(), lr=1.0)
+    sched = torch.optim.lr_scheduler.StepLR(opt, step_size=1, gamma=0.5)
+    loader = ResumableLoader(torch.utils.data.TensorDataset(torch.ones(6, 2)), 2, seed=0)
+    state = TrainState(model=model, optimizer=opt, scheduler=sched, sampler=loader)
+
+    def train_step(x: torch.Tensor, y: None = None) -> torch.Tensor:
+        opt.zero_grad()
+        loss = model(x).sum()
+        loss.backward()
+        opt.step()
+        return loss
+
+    # one epoch is 3 batches: the checkpoint of step 3 holds the scheduler stepped once
+    with Checkpointer(CheckpointConfig(every_steps=3), tmp_path / "run", final_step=3) as ckpt:
+        ns = {"loader": _Pairs(loader), "ckpt": ckpt, "state": state, "sched": sched,
+              "train_step": train_step, "step": ckpt.restore(state, "latest")}  # fmt: skip
+        exec(code, ns)
+    assert ns["step"] == 3 and sched.last_epoch == 1
+    saved = state_at(tmp_path / "run", 3)
+    assert saved["scheduler"]["last_epoch"] == 1
+
+
+class _Pairs:
+    """The loader as ``(x, y)`` pairs, ``epoch_ended`` passed through."""
+
+    def __init__(self, loader) -> None:
+        self.loader = loader
+
+    def __iter__(self):
+        for (x,) in self.loader:
+            yield x, None
+
+    @property
+    def epoch_ended(self) -> bool:
+        return self.loader.epoch_ended
+
+
+def state_at(run_dir, step):
+    from recovery.format.layout import step_dir_name
+    from recovery.integrity.signing import TrustStore
+    from recovery.run import resume
+
+    path = run_dir / step_dir_name(step)
+    return resume.load(path, TrustStore([]), allow_untrusted=True).decoded.tree
