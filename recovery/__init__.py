@@ -10,7 +10,13 @@ monitor, the verifying reader and the errors it raises. See README.md for the
 formats and the CLI.
 """
 
-from recovery.config import CheckpointConfig, HealthConfig, RunConfig, TrainConfig
+from recovery.config import (
+    CheckpointConfig,
+    HealthConfig,
+    ResumeCheckConfig,
+    RunConfig,
+    TrainConfig,
+)
 from recovery.errors import (
     CheckpointNotFoundError,
     CommitError,
@@ -53,6 +59,7 @@ __all__ = [
     "RecoveryError",
     "ResumableLoader",
     "ResumableSampler",
+    "ResumeCheckConfig",
     "RunConfig",
     "Stateful",
     "TrainConfig",

@@ -32,6 +32,7 @@ def test_public_surface_is_pinned():
             "RecoveryError",
             "ResumableLoader",
             "ResumableSampler",
+            "ResumeCheckConfig",
             "RunConfig",
             "Stateful",
             "TrainConfig",
