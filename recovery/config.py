@@ -106,22 +106,17 @@ class DifferentialConfig:
         return int(self.min_mb * (1 << 20))
 
 
-TIMING_KEYS: tuple[str, ...] = (
-    "time", "dt", "elapsed", "wall", "wall_s", "step_time", "duration", "mfu",
-    "throughput", "tokens_per_s", "samples_per_s", "it_per_s", "mem", "memory",
-)  # fmt: skip
+# fmt: off
+TIMING_KEYS = ("time", "dt", "elapsed", "wall", "wall_s", "step_time", "duration", "mfu",
+               "throughput", "tokens_per_s", "samples_per_s", "it_per_s", "mem", "memory")
+# fmt: on
 """Per-step record fields that measure the machine, not the run: never compared."""
 
 
 @dataclass(kw_only=True)
 class ResumeCheckConfig:
-    """``checkpoint.resume_check``: a resumed run's redone steps against the dead run's record.
-
-    After a resume from step N, the process that died has already journaled the
-    steps after N; the resumed process recomputes exactly those. Each redone
-    step's per-step record is compared with the one journaled before
-    (:mod:`recovery.run.selfcheck`).
-    """
+    """``checkpoint.resume_check``: each resume's redone steps against the record of the run
+    that died (:mod:`recovery.run.selfcheck`)."""
 
     enabled: bool = True
     """Compare the redone steps (it reads nothing the resume does not read already)."""
@@ -130,21 +125,16 @@ class ResumeCheckConfig:
     atol: float = 0.0
     """Absolute tolerance of a number (non-deterministic GPU kernels: set both)."""
     strict: bool = False
-    """An inexact resume stops the run (``InexactResumeError``, exit 30) at the first
-    differing step, before anything after it is saved."""
+    """Stop at the first differing step (``InexactResumeError``, exit 30), unsaved."""
     ignore: list[str] = field(default_factory=lambda: list(TIMING_KEYS))
     """Record fields never compared (timings and throughput, which measure the machine)."""
 
     def __post_init__(self) -> None:
+        key = "checkpoint.resume_check"
         if self.rtol < 0 or self.atol < 0:
-            raise ConfigError(
-                f"checkpoint.resume_check.rtol/atol: must be >= 0, got {self.rtol}, {self.atol}"
-            )
+            raise ConfigError(f"{key}.rtol/atol: must be >= 0, got {self.rtol}, {self.atol}")
         if not all(isinstance(k, str) for k in self.ignore):
-            raise ConfigError(
-                "checkpoint.resume_check.ignore: expected a list of field names, "
-                f"got {self.ignore!r}"
-            )
+            raise ConfigError(f"{key}.ignore: expected a list of field names, got {self.ignore!r}")
 
 
 @dataclass(kw_only=True)
