@@ -33,7 +33,6 @@ from recovery.run import restore as begin
 from recovery.run.differential import Differential
 from recovery.run.journal import Journal
 from recovery.run.preemption import PreemptionGuard
-from recovery.run.selfcheck import ResumeCheck
 from recovery.run.watch import Watch
 from recovery.state.registry import TrainState
 
@@ -63,7 +62,7 @@ class Restoring:
     """Whether the checkpointer made its journal and its preemption guard (it closes them)."""
     _health: HealthConfig | None
     _watch: Watch | None
-    _check: ResumeCheck | None = None
+    _check: selfcheck.ResumeCheck | None = None
     """The self-check of this process's resume (:mod:`recovery.run.selfcheck`), if it resumed."""
     differential: Differential
 
@@ -202,7 +201,7 @@ class Restoring:
             self._event(selfcheck.skipped(ident.step, "resharded onto another world size"))
         # another run's checkpoint continued knowingly: this journal's steps are not its own
         elif check.enabled and replaced is None:
-            self._check = ResumeCheck(
+            self._check = selfcheck.ResumeCheck(
                 recorded,
                 resumed_at=ident.step,
                 cfg=check,

@@ -219,17 +219,16 @@ class Watch:
             if isinstance(before, int)
             else "its state changed (scaler.update() after maybe_save?)"
         )
-        caution = Caution(
+        self._caution(
             STEPPED_AFTER_SAVE,
             name,
             f"{name!r} changed after the checkpoint of step {self._saved_step} was taken and "
             f"before the next optimizer step ({what}): the checkpoint does not hold that "
             "change and a resume from it does not make it again, so the resumed run would "
-            f"train another schedule. Call maybe_save after {name}.step() (an epoch-end "
-            "step() included)",
+            "train another schedule. Do that work before the step's maybe_save: an epoch's "
+            f"end {name}.step() on the epoch's last batch (if loader.epoch_ended: ...)",
+            self._saved_step,
         )
-        log.warning("%s", caution.message)
-        self.journal.write(caution.record(step=self._saved_step))
 
     def evaluate(self, metrics: Callable[[], dict[str, Any]], step: int) -> dict[str, Any]:
         """``metrics()`` at the checkpoint of ``step``, warning once if it changed the
@@ -242,16 +241,15 @@ class Watch:
         if model.training != before and EVAL_MODE not in self._warned:
             self._warned.add(EVAL_MODE)
             now, back = ("train", "eval") if model.training else ("eval", "train")
-            caution = Caution(
+            self._caution(
                 EVAL_MODE,
                 MODEL,
                 f"the metrics callable left the model in {now} mode at the checkpoint of step "
                 f"{step}: this run goes on training in {now} mode, a run resumed from that "
                 f"checkpoint in the mode the model was built in. Call model.{back}() at the "
                 "end of the callable",
+                step,
             )
-            log.warning("%s", caution.message)
-            self.journal.write(caution.record(step=step))
         return values
 
     # -- per-step records (Journal.watch) ----------------------------------------

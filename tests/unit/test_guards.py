@@ -186,7 +186,8 @@ def test_an_epoch_scheduler_stepped_after_the_save_warns_once(make, tmp_path, ca
     (event,) = found  # saves at 3, 6, 9: warned once
     assert event["kind"] == guards.STEPPED_AFTER_SAVE and event["step"] == 3
     assert "last_epoch 0 -> 1" in event["message"]
-    assert "Call maybe_save after scheduler.step()" in event["message"]
+    assert "Do that work before the step's maybe_save" in event["message"]
+    assert "if loader.epoch_ended" in event["message"]
     assert caplog.text.count("changed after the checkpoint") == 1
 
 
