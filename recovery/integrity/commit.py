@@ -49,6 +49,7 @@ from recovery.format.layout import (
     trash_dir_for,
 )
 from recovery.format.manifest import FileRecord, Manifest
+from recovery.integrity import lock, nofollow
 from recovery.integrity.reaping import Reaper
 from recovery.integrity.signing import Signer
 from recovery.progress import bytes_bar
@@ -116,16 +117,19 @@ def _write_all(
     step: int,
     algorithm: str,
     progress: Callable[[int], None],
+    made: nofollow.Made,
 ) -> list[FileRecord]:
     """Write ``files`` into ``tmp`` on a pool of threads, largest first; their records in
-    the given order. Every write finishes (or fails) before this returns or raises."""
-    lock = threading.Lock()
+    the given order. Every write finishes (or fails) before this returns or raises.
+    Before each file, ``tmp`` must still be the directory ``made`` recorded."""
+    ticking = threading.Lock()
 
     def tick(n: int) -> None:
-        with lock:
+        with ticking:
             progress(n)
 
     def one(i: int, name: str, data: bytes | Mapping[str, torch.Tensor]) -> FileRecord:
+        made.check()  # each file is created O_EXCL: never through a link in its own name
         (tmp / name).parent.mkdir(parents=True, exist_ok=True)
         point = f"commit-write-{step}" if i == 0 else None
         rec = write_entry(tmp / name, data, fault_point=point, progress=tick, algorithm=algorithm)
@@ -175,12 +179,17 @@ def commit(
     Raises:
         CommitError: the write failed; the temp directory is removed and every
             previously committed checkpoint is untouched.
+        UnsafePathError: ``final`` or the temp directory is (or became) a symlink this
+            writer did not make; nothing was written through it.
+        RunDirLockedError: the writer's lock no longer guards the run directory
+            (:func:`recovery.integrity.lock.check_held`); nothing was published.
     """
     step = recovery["step"]
     try:
         if tmp is None:
             tmp = temp_dir_for(final)
             tmp.mkdir()
+        made = nofollow.Made(tmp)
         records = [
             item
             if isinstance(item, FileRecord)
@@ -189,7 +198,9 @@ def commit(
         ]
         total = sum(tensorfile.size_of(d) for d in files.values() if not isinstance(d, bytes))
         with bytes_bar(total, f"saving {final.name}") as progress:
-            records += _write_all(tmp, files, step=step, algorithm=hash_type, progress=progress)
+            records += _write_all(
+                tmp, files, step=step, algorithm=hash_type, progress=progress, made=made
+            )
         for sub in sorted((p for p in tmp.rglob("*") if p.is_dir()), reverse=True):
             fsync_dir(sub)  # entries in dcp/, ranks/ (their files were fsynced by their writers)
         faults.reach(f"commit-before-manifest-{step}")
@@ -197,9 +208,15 @@ def commit(
             final.name, records, {**recovery, "signer": signer.describe()}, hash_type=hash_type
         )
         body = manifest.payload(statement)
+        made.check()
         write_file(tmp / SIGNATURE_FILE, signer.sign(body))
         fsync_dir(tmp)
         faults.reach(f"commit-before-rename-{step}")
+        # the last moment before publishing: the lock still guards the run, and neither
+        # name is a link someone planted
+        lock.check_held(final.parent)
+        made.check()
+        nofollow.refuse_link(final, "a committed checkpoint (or nothing)")
         aside = None
         if final.exists():
             aside = aside_dir_for(final)
@@ -246,6 +263,10 @@ def remove_stale(run_dir: Path) -> list[Path]:
     removed = []
     for path in scan(run_dir).stale:
         final = path.with_name(committed_name(path.name))
+        if path.is_symlink():  # not ours: removing the link itself follows nothing
+            log.warning("removing %s: a symlink under a temp name, not made by a writer", path)
+            path.unlink()
+            continue
         if ASIDE_MARK in path.name and not final.exists():
             log.warning("restoring %s from %s: a re-save was interrupted", final, path.name)
             os.rename(path, final)
@@ -267,6 +288,7 @@ def discard(path: Path, *, fault_point: str | None = None, reaper: Reaper | None
     reader takes it for a checkpoint), then remove the files, here or on ``reaper``'s
     thread; a kill in between leaves only the trash directory, which
     :func:`remove_stale` finishes."""
+    nofollow.refuse_link(path, "a committed checkpoint to delete")
     if not path.exists():
         return
     trash = trash_dir_for(path)

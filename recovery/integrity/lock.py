@@ -2,63 +2,108 @@
 
 Two ``train.py`` processes on one run directory used to mix their step
 records, and the second removed the first's in-flight temp directory as
-"stale". The writer now holds ``flock(LOCK_EX)`` on ``<run>/.lock`` from its
-start to its end. The kernel drops the lock when the process dies, by SIGKILL
-too, so there is no stale lock to detect or break; and because the starting
-writer holds it before it removes temp directories, every temp directory it
-removes is one no live writer owns. Readers (``ls``, ``verify``, ``inspect``,
-``audit``) never take it. Rejected: a pid file checked for liveness (pids are
-reused, and checking then writing is a race). One nuance: ``flock`` is
-shared with forked children (DataLoader workers), which would keep holding it
-for a moment after their parent was SIGKILLed; a forked child closes its copy
-of the descriptor at once (``os.register_at_fork``), and a starting writer
-whose recorded holder is a dead process of this host still waits for such
-children (at most :data:`ORPHAN_WAIT_S`). ``flock`` needs a filesystem that
-honours it across the machines that share the run directory (local disks and
-NFSv4 do).
+"stale". The writer now holds ``flock(LOCK_EX)`` on **the run directory
+itself** (a descriptor of the directory, not of a file in it) from its start
+to its end. The kernel drops the lock when the process dies, by SIGKILL too,
+so there is no stale lock to detect or break; and because the starting writer
+holds it before it removes temp directories, every temp directory it removes
+is one no live writer owns. Readers (``ls``, ``verify``, ``inspect``,
+``audit``) never take it.
+
+Why the directory: ``flock`` locks an inode, not a name. The lock used to be on
+``<run>/.lock``, and deleting that file (or renaming another over it) let a
+second writer lock a fresh inode under the same name while the first still
+wrote: two writers, both exiting 0. A directory holding a run cannot be
+removed while it has entries, and renaming it away takes the run's files with
+it; what a name change can still do is put *another* directory under the run's
+name, and the writer checks for exactly that (:meth:`RunLock.check`) before
+each commit, stopping with :class:`~recovery.errors.RunDirLockedError` (exit 26)
+rather than committing into a directory another writer may hold. ``.lock``
+stays, as a record of the holder (pid, host, since) for the refusal message;
+it is opened without following a symlink (a planted link is refused, never
+written through). On a filesystem that refuses ``flock`` on a directory (some
+NFS clients) the lock falls back to ``.lock`` itself, and :meth:`RunLock.check`
+then also checks that the name still is the locked file.
+
+Rejected: a pid file checked for liveness (pids are reused, and checking then
+writing is a race). One nuance: ``flock`` is shared with forked children
+(DataLoader workers), which would keep holding it for a moment after their
+parent was SIGKILLed; a forked child closes its copies of the descriptors at
+once (``os.register_at_fork``), and a starting writer whose recorded holder is
+a dead process of this host still waits for such children (at most
+:data:`ORPHAN_WAIT_S`). ``flock`` needs a filesystem that honours it across the
+machines that share the run directory (local disks and NFSv4 do).
 """
 
 from __future__ import annotations
 
+import errno
 import fcntl
 import json
+import logging
 import os
 import platform
 import time
 import weakref
 from pathlib import Path
-from typing import IO
 
-from recovery.errors import RunDirLockedError
+from recovery.errors import RunDirLockedError, UnsafePathError
+
+log = logging.getLogger(__name__)
 
 LOCK_FILE = ".lock"
 ORPHAN_WAIT_S = 30.0
 """How long a starting writer waits when the recorded holder is dead but the lock is still
 held: ``flock`` is shared with forked children (DataLoader workers), which outlive a
 SIGKILLed parent for a moment."""
+_NO_DIR_FLOCK = (errno.EBADF, errno.EINVAL, errno.ENOLCK, errno.EOPNOTSUPP)
+"""``flock`` on a directory refused by the filesystem: lock the holder file instead."""
 
 
 _HELD: weakref.WeakSet[RunLock] = weakref.WeakSet()
 
 
 def _drop_in_child() -> None:
-    # closing an inherited descriptor releases nothing (the parent's still refers to the
+    # closing inherited descriptors releases nothing (the parent's still refer to the
     # lock), but a child that outlives its parent then holds nothing either
     for lock in list(_HELD):
-        if lock._handle is not None:
-            lock._handle.close()
-            lock._handle = None
+        lock._close()
 
 
 os.register_at_fork(after_in_child=_drop_in_child)
 
 
+def _open_holder_file(dir_fd: int, run_dir: Path) -> int:
+    try:
+        return os.open(
+            LOCK_FILE, os.O_RDWR | os.O_CREAT | os.O_NOFOLLOW | os.O_CLOEXEC, 0o644, dir_fd=dir_fd
+        )
+    except OSError as err:
+        if err.errno != errno.ELOOP:
+            raise
+        raise UnsafePathError(
+            f"{run_dir / LOCK_FILE}: expected the writer's lock file, found a symlink (to "
+            f"{os.readlink(LOCK_FILE, dir_fd=dir_fd)!r}); a writer never writes through a "
+            "link it did not make. Remove the link and start again",
+            path=run_dir / LOCK_FILE,
+        ) from err
+
+
+def _identity(st: os.stat_result) -> tuple[int, int]:
+    return st.st_dev, st.st_ino
+
+
 class RunLock:
     """The exclusive writer's lock on a run directory (released by :meth:`release` or death)."""
 
-    def __init__(self, handle: IO[str], path: Path) -> None:
-        self._handle: IO[str] | None = handle
-        self.path = path
+    def __init__(self, run_dir: Path, dir_fd: int, file_fd: int, locked: int) -> None:
+        self.run_dir = run_dir
+        self.path = run_dir / LOCK_FILE
+        self._dir_fd: int | None = dir_fd
+        self._file_fd: int | None = file_fd
+        self._locked = locked  # the descriptor flock holds: the directory's, or the file's
+        self._dir_id = _identity(os.fstat(dir_fd))
+        self._file_id = _identity(os.fstat(file_fd))
 
     @classmethod
     def acquire(cls, run_dir: Path) -> RunLock:
@@ -66,19 +111,36 @@ class RunLock:
 
         Raises:
             RunDirLockedError: another writer holds it (its pid and host named).
+            UnsafePathError: ``.lock`` is a symlink.
         """
-        path = run_dir / LOCK_FILE
-        handle = open(path, "a+", encoding="utf-8")  # noqa: SIM115 - held for the run's life
+        dir_fd = os.open(run_dir, os.O_RDONLY | os.O_DIRECTORY | os.O_CLOEXEC)
+        try:
+            file_fd = _open_holder_file(dir_fd, run_dir)
+        except BaseException:
+            os.close(dir_fd)
+            raise
+        locked = dir_fd
         deadline = time.monotonic() + ORPHAN_WAIT_S
-        while not _try_lock(handle):
-            handle.seek(0)
-            holder = handle.read()
-            if not _dead_here(holder) or time.monotonic() > deadline:
+        while True:
+            try:
+                fcntl.flock(locked, fcntl.LOCK_EX | fcntl.LOCK_NB)
+            except BlockingIOError:
+                holder = _read(file_fd)
+                if _dead_here(holder) and time.monotonic() <= deadline:
+                    time.sleep(0.1)  # the writer is dead; its forked children still hold it
+                    continue
                 break
-            time.sleep(0.1)  # the writer is dead; its forked children still hold the lock
-        else:
-            return cls._hold(handle, path)
-        handle.close()
+            except OSError as err:
+                if err.errno not in _NO_DIR_FLOCK or locked == file_fd:
+                    os.close(dir_fd)
+                    os.close(file_fd)
+                    raise
+                log.info("%s: no flock on a directory (%s); locking %s", run_dir, err, LOCK_FILE)
+                locked = file_fd
+                continue
+            return cls._hold(run_dir, dir_fd, file_fd, locked)
+        os.close(dir_fd)
+        os.close(file_fd)
         raise RunDirLockedError(
             f"{run_dir}: another run is writing it ({describe(holder)}); two writers would "
             "mix one run's history. Wait for it to end or stop it, or write elsewhere "
@@ -89,29 +151,82 @@ class RunLock:
         )
 
     @classmethod
-    def _hold(cls, handle: IO[str], path: Path) -> RunLock:
-        handle.seek(0)
-        handle.truncate()
+    def _hold(cls, run_dir: Path, dir_fd: int, file_fd: int, locked: int) -> RunLock:
         me = {"pid": os.getpid(), "host": platform.node(), "since": time.time()}
-        handle.write(json.dumps(me) + "\n")
-        handle.flush()
-        lock = cls(handle, path)
+        os.ftruncate(file_fd, 0)
+        os.pwrite(file_fd, (json.dumps(me) + "\n").encode(), 0)
+        lock = cls(run_dir, dir_fd, file_fd, locked)
         _HELD.add(lock)
         return lock
 
+    def check(self) -> None:
+        """That the lock still guards the run: the run directory's name still names the
+        locked directory (and, where ``.lock`` is what is locked, ``.lock`` that file).
+        A run directory that is gone is left to the write that follows (it says so).
+
+        Raises:
+            RunDirLockedError: what changed; another writer may be writing the directory
+                now under the run's name.
+        """
+        if self._dir_fd is None:
+            return
+        try:
+            now = _identity(os.stat(self.run_dir))
+        except FileNotFoundError:
+            return
+        if now != self._dir_id:
+            raise self._lost(
+                f"the run directory {self.run_dir} is now another directory (inode "
+                f"{now[1]}, was {self._dir_id[1]}): it was moved or replaced while this "
+                "run held its lock"
+            )
+        if self._locked == self._file_fd:
+            try:
+                st = os.stat(LOCK_FILE, dir_fd=self._dir_fd, follow_symlinks=False)
+                file_now: tuple[int, int] | None = _identity(st)
+            except FileNotFoundError:
+                file_now = None
+            if file_now != self._file_id:
+                raise self._lost(f"its lock file {self.path} was deleted or replaced")
+
+    def _lost(self, what: str) -> RunDirLockedError:
+        return RunDirLockedError(
+            f"{self.run_dir}: this writer's lock no longer guards the run: {what}. Another "
+            "writer may be writing there now; stopping before the next commit. Find out who "
+            "moved it, then requeue with +resume=latest",
+            holder="",
+            path=self.run_dir,
+        )
+
+    def _close(self) -> None:
+        for fd in (self._dir_fd, self._file_fd):
+            if fd is not None:
+                os.close(fd)
+        self._dir_fd = self._file_fd = None
+
     def release(self) -> None:
-        """Drop the lock (closing the file drops it; the file stays for the next writer)."""
-        if self._handle is not None:
-            self._handle.close()
-            self._handle = None
+        """Drop the lock (closing the descriptors drops it; ``.lock`` stays for the next
+        writer)."""
+        self._close()
 
 
-def _try_lock(handle: IO[str]) -> bool:
+def check_held(path: Path) -> None:
+    """Before a commit into ``path``: every lock this process holds on a directory that
+    contains ``path`` still guards it (:meth:`RunLock.check`).
+
+    Raises:
+        RunDirLockedError: a lock no longer guards its run directory.
+    """
+    for lock in list(_HELD):
+        if lock._dir_fd is not None and (path == lock.run_dir or lock.run_dir in path.parents):
+            lock.check()
+
+
+def _read(fd: int) -> str:
     try:
-        fcntl.flock(handle.fileno(), fcntl.LOCK_EX | fcntl.LOCK_NB)
-    except BlockingIOError:
-        return False
-    return True
+        return os.pread(fd, 4096, 0).decode("utf-8", "replace")
+    except OSError:
+        return ""
 
 
 def _dead_here(holder: str) -> bool:

@@ -208,6 +208,11 @@ class Signer:
         }
         return json.dumps(bundle, indent=2, sort_keys=True).encode() + b"\n"
 
+    def sign_bytes(self, data: bytes) -> bytes:
+        """A bare DER signature of ``data`` (deterministic): for records that are no
+        artifact, such as the journal's events (:mod:`recovery.integrity.seal`)."""
+        return self._key.sign(data, self._algorithm)
+
 
 @dataclass(frozen=True)
 class TrustedKey:
@@ -239,6 +244,23 @@ class TrustStore:
 
     def __len__(self) -> int:
         return len(self._keys)
+
+    def verifies(self, kid: str, data: bytes, sig: bytes) -> bool:
+        """Whether ``sig`` is a signature of ``data`` by the trusted key ``kid``."""
+        known = self._keys.get(kid)
+        if known is None:
+            return False
+        try:
+            known.key.verify(sig, data, _algorithm(known.key, where=known.source))
+        except crypto_exc.InvalidSignature:
+            return False
+        return True
+
+    def with_signer(self, signer: Signer) -> TrustStore:
+        """This store and ``signer``'s own public key (a writer trusts what it signed)."""
+        store = TrustStore(self._keys.values())
+        store.add_pem(signer.public_pem, source=str(signer.path), dev=signer.dev)
+        return store
 
     @classmethod
     def from_paths(cls, paths: Iterable[Path], *, dev_keys: Iterable[Path] = ()) -> TrustStore:

@@ -13,7 +13,6 @@ and the run's history counts those steps as retired, not rolled back.
 from __future__ import annotations
 
 import logging
-import os
 import time
 from collections.abc import Callable
 from pathlib import Path
@@ -21,7 +20,7 @@ from typing import Any
 
 from recovery import faults
 from recovery.format.layout import ABANDONED_DIR, scan
-from recovery.integrity import commit
+from recovery.integrity import commit, nofollow
 from recovery.run.history import History
 from recovery.storage import tracking
 
@@ -87,11 +86,12 @@ def finish(run_dir: Path, past: History) -> list[Path]:
 
 
 def _move(run_dir: Path, items: list[tuple[int, Path]], dest: Path) -> None:
-    dest.mkdir(parents=True, exist_ok=True)
-    commit.fsync_dir(dest.parent)
+    # through descriptors, never following a link: an abandoned/ or branch directory
+    # planted as a symlink would otherwise take committed checkpoints out of the run
+    nofollow.refuse_links(run_dir, dest, "the abandoned branch's directory")
     for s, path in items:
         faults.reach(f"abandon-{s}")  # the earlier ones moved, this one not yet
-        os.rename(path, dest / path.name)
+        nofollow.rename(run_dir, path, dest / path.name)
         tracking.untrack(path)  # its registration named the old place
-        commit.fsync_dir(dest)
+        commit.fsync_dir(dest.parent)
         commit.fsync_dir(run_dir)

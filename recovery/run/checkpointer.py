@@ -140,6 +140,10 @@ class Checkpointer(Ending):
         self.journal, self.preemption, self._health, self._owned = defaults(
             cfg, run_dir, world, journal=journal, preemption=preemption, health=health
         )
+        self.events_trust = self.trust.with_signer(signer)
+        """Whose seals on the journal's steering events are believed: the trust store and
+        this writer's own key (:mod:`recovery.integrity.seal`)."""
+        self.journal.seal_with(signer, self.events_trust)
         self._watch = None
         self.identity = begin.Identity(run_id=uuid.uuid4().hex, lineage=[])
         """The run's id, lineage and links; a restore replaces it."""

@@ -6,22 +6,30 @@ or an accident produces: the newest good checkpoint deleted (a scan finds an
 older one and would resume from it silently: a *rollback*), or another run's
 validly signed checkpoint planted in the directory (a scan would adopt it,
 run id and all: a *substitution*). These are small pure functions over the
-journal's records, so each case is a table test.
+journal's records, so each case is a table test. A writer reads the journal
+with its trust store (:func:`read`): then only the steering events that are
+sealed and chained (:mod:`recovery.integrity.seal`) are believed, and every
+other one is named in a loud warning and ignored.
 """
 
 from __future__ import annotations
 
+import logging
 import re
 from collections.abc import Iterable
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+from recovery.integrity import seal
+from recovery.integrity.signing import TrustStore
 from recovery.run import journal
 
+log = logging.getLogger(__name__)
+
 BEGIN_EVENTS = ("start", "warm_start", "resume")
-# where an abandoned branch may be moved: one fixed-form name under abandoned/ (the
-# journal is not signed, so it must not be able to send a checkpoint anywhere else)
+# where an abandoned branch may be moved: one fixed-form name under abandoned/ (even a
+# sealed event must not be able to send a checkpoint anywhere else)
 _BRANCH = re.compile(r"^abandoned/from-\d{8,}-\d{8}T\d{6}$")
 """Events that name the run id the process continued as."""
 
@@ -76,9 +84,38 @@ def from_records(records: Iterable[dict[str, Any]]) -> History:
     return History(run_id, frozenset(committed), frozenset(retired), abandoned, per_step)
 
 
-def read(path: Path) -> History:
-    """The history in the journal at ``path`` (empty when there is none)."""
-    return from_records(journal.read(path)) if path.is_file() else History()
+_WARNED: set[tuple[str, int]] = set()
+"""(journal, line) of refused events already warned about by this process: a resume
+that falls back past a damaged checkpoint reads the journal again."""
+
+
+def read(path: Path, trust: TrustStore | None = None) -> History:
+    """The history in the journal at ``path`` (empty when there is none).
+
+    With ``trust`` (a writer about to act on it), steering events that are not sealed
+    by a key in ``trust`` and chained are ignored, each named in one warning.
+    """
+    if not path.is_file():
+        return History()
+    if trust is None:
+        return from_records(journal.read(path))
+    checked = seal.check(journal.read_numbered(path), trust)
+    new = [r for r in checked.refused if (str(path), r.line) not in _WARNED]
+    if new:
+        _WARNED.update((str(path), r.line) for r in new)
+        shown = "; ".join(r.describe() for r in new[:3])
+        more = f"; and {len(new) - 3} more" if len(new) > 3 else ""
+        log.warning(
+            "JOURNAL EVENTS IGNORED in %s: %d event(s) a resume would act on do not "
+            "authenticate, so this resume does not obey them: %s%s. Someone or something "
+            "wrote to the journal besides this run's writer; its rollback and substitution "
+            "checks use only the events that verify",
+            path,
+            len(new),
+            shown,
+            more,
+        )
+    return from_records(checked.obeyed)
 
 
 def rollback(history: History, step: int) -> str | None:

@@ -16,17 +16,27 @@ writes its per-step record here is monitored.
 Lines are flushed to the OS as they are written, so a SIGKILL loses none of
 them; a torn last line (power loss) is skipped when reading and a newline is
 written before the next append so it cannot corrupt the next record.
+
+The events a resume acts on (:data:`recovery.integrity.seal.STEERING`) are
+sealed as they are written, once the checkpointer hands the journal its
+signing key (:meth:`Journal.seal_with`): signed and chained, so that a line
+someone else appends is ignored by the next resume instead of obeyed. The file
+is opened without following a symlink: one planted under its name is refused
+(:class:`~recovery.errors.UnsafePathError`), never written through.
 """
 
 from __future__ import annotations
 
 import json
 import logging
+import os
 import threading
 from pathlib import Path
 from typing import IO, Any, Protocol
 
 from recovery.format import bounded
+from recovery.integrity import nofollow, seal
+from recovery.integrity.signing import Signer, TrustStore
 
 log = logging.getLogger(__name__)
 
@@ -58,6 +68,13 @@ class Journal:
         self._lock = threading.Lock()  # background saves record their costs too
         self._closed = False
         self._watchers: list[Watcher] = []
+        self._sealer: tuple[Signer, TrustStore] | None = None
+        self._tip: str | None = None  # the link of the last sealed event in the file
+
+    def seal_with(self, signer: Signer, trust: TrustStore) -> None:
+        """Seal the steering events written from now on with ``signer``, chained onto the
+        last one in the file that verifies with ``trust`` (:mod:`recovery.integrity.seal`)."""
+        self._sealer = (signer, trust)
 
     def watch(self, watcher: Watcher) -> None:
         """Show ``watcher`` every per-step record from now on."""
@@ -73,11 +90,23 @@ class Journal:
 
     def _open(self, path: Path) -> IO[str]:
         path.parent.mkdir(parents=True, exist_ok=True)
-        needs_newline = path.exists() and path.stat().st_size > 0 and not _ends_with_newline(path)
-        fh = open(path, "a", encoding="utf-8")  # noqa: SIM115 - held open for the run
-        if needs_newline:
+        fh = nofollow.open_append(path, "the run's journal")
+        size = os.fstat(fh.fileno()).st_size
+        if size > 0 and os.pread(fh.fileno(), 1, size - 1) != b"\n":
             fh.write("\n")
         return fh
+
+    def _sealed(self, record: dict[str, Any]) -> dict[str, Any]:
+        # under self._lock: the chain is one sequence whichever thread writes
+        if self._sealer is None or self.path is None or not seal.steers(record):
+            return record
+        signer, trust = self._sealer
+        if self._tip is None:
+            existing = read_numbered(self.path) if self.path.is_file() else []
+            self._tip = seal.check(existing, trust).tip
+        sealed = seal.seal(record, self._tip, signer)
+        self._tip = seal.link(sealed)
+        return sealed
 
     def write(self, record: dict[str, Any]) -> None:
         """Append one record and flush it to the OS (safe from several threads).
@@ -92,10 +121,10 @@ class Journal:
             extra = watcher.annotate(record)
             record = {**record, **{k: v for k, v in extra.items() if k not in record}}
         if self.path is not None:
-            line = json.dumps(record, separators=(",", ":")) + "\n"
             with self._lock:
                 if self._fh is None:
                     self._fh = self._open(self.path)
+                line = json.dumps(self._sealed(record), separators=(",", ":")) + "\n"
                 self._fh.write(line)
                 self._fh.flush()
         for watcher in watchers:
@@ -108,23 +137,28 @@ class Journal:
                 self._fh.close()
 
 
-def _ends_with_newline(path: Path) -> bool:
-    with open(path, "rb") as fh:
-        fh.seek(-1, 2)
-        return fh.read(1) == b"\n"
-
-
-def read(path: Path) -> list[dict[str, Any]]:
-    """Every parseable record, in file order (a torn line is skipped with a warning)."""
+def read_numbered(path: Path) -> list[tuple[int, dict[str, Any]]]:
+    """Every parseable record with its line number, in file order (a torn or malformed
+    line, or one that is no JSON object, is skipped with a warning)."""
     records = []
     for n, line in enumerate(path.read_text(encoding="utf-8").splitlines(), 1):
         if not line.strip():
             continue
         try:
-            records.append(bounded.json_loads(line))
+            record = bounded.json_loads(line)
         except ValueError as err:
             log.warning("%s:%d: skipping a torn or malformed record (%s)", path, n, err)
+            continue
+        if isinstance(record, dict):
+            records.append((n, record))
+        else:
+            log.warning("%s:%d: skipping a record that is no JSON object", path, n)
     return records
+
+
+def read(path: Path) -> list[dict[str, Any]]:
+    """Every parseable record, in file order (a torn line is skipped with a warning)."""
+    return [record for _, record in read_numbered(path)]
 
 
 def effective_steps(path: Path) -> dict[int, dict[str, Any]]:

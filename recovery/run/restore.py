@@ -245,12 +245,14 @@ def choose(
     *,
     allow_untrusted: bool,
     journal: Path,
+    events_trust: TrustStore,
     strict: bool,
     defer: Callable[[str], bool] | None = None,
     exclude: Mapping[Path, str] | None = None,
 ) -> tuple[resume.Loaded | None, str | None, history.History]:
     """The checkpoint to resume (:func:`recovery.run.resume.select`, checked against the
-    run's journal), the same on every rank. ``defer``, ``exclude``: as ``select``'s.
+    run's journal, whose steering events count when sealed by a key in ``events_trust``),
+    the same on every rank. ``defer``, ``exclude``: as ``select``'s.
 
     Returns:
         The checkpoint (``None``: start fresh); the run id it replaces when ``spec``
@@ -260,7 +262,7 @@ def choose(
     Raises:
         as :func:`recovery.run.resume.select`; RecoveryError: the ranks chose differently.
     """
-    past = history.read(journal)
+    past = history.read(journal, events_trust)
     loaded = resume.select(
         run_dir,
         spec,

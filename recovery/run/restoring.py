@@ -47,6 +47,7 @@ class Restoring:
     run_dir: Path
     root: Path
     trust: TrustStore
+    events_trust: TrustStore
     allow_untrusted: bool
     world: World
     seed: int
@@ -103,7 +104,9 @@ class Restoring:
         spec = self.purposes[purpose.CONTINUATION]
         purpose.check_state(spec.name, spec.requires, state.names, state.absent)
         state.review()  # objects wired since the state was built (a scheduler made later)
-        self._lock = rundir.prepare(self.run_dir, self.world, self._journal_path())
+        self._lock = rundir.prepare(
+            self.run_dir, self.world, self._journal_path(), self.events_trust
+        )
         try:
             if self._watch is None:  # registers the health monitor before anything loads
                 self._watch = Watch(state, self.journal, health=self._health)
@@ -144,6 +147,7 @@ class Restoring:
                     self.trust,
                     allow_untrusted=self.allow_untrusted,
                     journal=self._journal_path(),
+                    events_trust=self.events_trust,
                     strict=self.cfg.strict_resume,
                     defer=defer,
                     exclude=damaged,

@@ -19,7 +19,7 @@ from recovery.config import CheckpointConfig
 from recovery.errors import ConfigError, RecoveryError
 from recovery.format.layout import BEST_DIR, parse_step, scan, temp_dir_for
 from recovery.format.manifest import Manifest
-from recovery.integrity import chain, commit, reader
+from recovery.integrity import chain, commit, nofollow, reader
 from recovery.integrity.reaping import Reaper
 from recovery.integrity.signing import TrustStore
 from recovery.run import policy
@@ -96,10 +96,12 @@ def tidy_best(run_dir: Path) -> list[Path]:
         What was removed.
     """
     best_dir = run_dir / BEST_DIR
+    nofollow.refuse_link(best_dir, "the run's best-checkpoint directory")
     if not best_dir.is_dir():
         return []
     removed = commit.remove_stale(best_dir)
     for mark in sorted(best_dir.glob(INCOMING + "*")):
+        nofollow.refuse_link(mark, "a best copy's mark file")
         # a delta's copy was cut short after its base was brought in: that base is no best
         brought = best_dir / mark.read_text().strip()
         if (
@@ -206,6 +208,8 @@ def keep_best(
     if not isinstance(value, int | float):
         return False
     best_dir = run_dir / BEST_DIR
+    # a best/ planted as a symlink would take an independent copy of the run outside it
+    nofollow.refuse_link(best_dir, "the run's best-checkpoint directory")
     current = [p for _, p in scan(best_dir).committed] if best_dir.is_dir() else []
     best_value = None
     if current:  # the newest committed one is the best (see tidy_best)

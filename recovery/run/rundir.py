@@ -15,15 +15,17 @@ from recovery.errors import RecoveryError, RunDirInUseError, StorageError
 from recovery.format.layout import scan
 from recovery.integrity import commit
 from recovery.integrity.lock import RunLock
+from recovery.integrity.signing import TrustStore
 from recovery.parallel import world as distributed
 from recovery.parallel.world import World
 from recovery.run import branches, history, retention
 
 
-def prepare(run_dir: Path, world: World, journal: Path) -> RunLock | None:
+def prepare(run_dir: Path, world: World, journal: Path, events_trust: TrustStore) -> RunLock | None:
     """Before a run touches its directory: rank 0 creates it, takes the writer's lock, and
     only then removes the temp directories of dead writes and finishes an interrupted
-    move of an abandoned branch (:mod:`recovery.run.branches`); every rank waits for that.
+    move of an abandoned branch (:mod:`recovery.run.branches`) that the journal's sealed
+    events (verified with ``events_trust``) record; every rank waits for that.
 
     Returns:
         The lock (rank 0), to hold until the run ends.
@@ -41,7 +43,7 @@ def prepare(run_dir: Path, world: World, journal: Path) -> RunLock | None:
             Path(tempfile.mkdtemp(prefix=".recovery-probe-", dir=run_dir)).rmdir()
             commit.remove_stale(run_dir)
             retention.tidy_best(run_dir)
-            branches.finish(run_dir, history.read(journal))
+            branches.finish(run_dir, history.read(journal, events_trust))
         except OSError as err:
             if lock is not None:
                 lock.release()

@@ -40,7 +40,7 @@ from recovery import faults
 from recovery.errors import ConfigError, TrackingError
 from recovery.format import bounded
 from recovery.format.layout import parse_step
-from recovery.integrity import commit
+from recovery.integrity import commit, nofollow
 
 log = logging.getLogger(__name__)
 
@@ -129,10 +129,16 @@ def register(root: Path, dirs: list[Path]) -> None:
     Raises:
         dvc.lock.LockError: another process holds the repository lock.
         TrackingError: DVC refused for another reason.
+        UnsafePathError: a name DVC would write (``<dir>.dvc``, the ``.gitignore`` beside
+            it) or the directory itself is a symlink: DVC follows links, so nothing is added.
     """
     if os.environ.get(STAGE_ENV):
         log.info("inside dvc repro stage %s: not adding %s", os.environ[STAGE_ENV], dirs)
         return
+    for d in dirs:
+        nofollow.refuse_link(d, "a committed checkpoint to register")
+        nofollow.refuse_link(dvc_file(d), "DVC's record of a checkpoint (or nothing)")
+        nofollow.refuse_link(d.parent / ".gitignore", "the .gitignore DVC keeps")
     with _quiet():
         repo = _repo(root)
         try:
@@ -209,8 +215,9 @@ def workspace_modified(root: Path, target: str) -> bool | None:
 
 def untrack(ckpt: Path) -> None:
     """Remove a checkpoint's ``.dvc`` file and its line in the ``.gitignore`` DVC wrote."""
-    dvc_file(ckpt).unlink(missing_ok=True)
+    dvc_file(ckpt).unlink(missing_ok=True)  # unlinking a link removes the link only
     ignore = ckpt.parent / ".gitignore"
+    nofollow.refuse_link(ignore, "the .gitignore DVC keeps")
     if ignore.exists():
         lines = ignore.read_text().splitlines()
         kept = [ln for ln in lines if ln.strip() != f"/{ckpt.name}"]
@@ -256,7 +263,7 @@ def status(run_dir: Path) -> dict[str, Status]:
 
 def record(run_dir: Path, name: str, **fields: Any) -> None:
     """Append one tracking record."""
-    with open(run_dir / TRACKING_FILE, "a") as fh:
+    with nofollow.open_append(run_dir / TRACKING_FILE, "the run's DVC tracking record") as fh:
         fh.write(json.dumps({"name": name, "time": time.time(), **fields}) + "\n")
 
 
