@@ -185,6 +185,7 @@ def commit(
             (:func:`recovery.integrity.lock.check_held`); nothing was published.
     """
     step = recovery["step"]
+    lock.check_held(final.parent)  # nothing written into a directory the lock lost
     try:
         if tmp is None:
             tmp = temp_dir_for(final)
