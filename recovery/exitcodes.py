@@ -14,7 +14,7 @@ from recovery import errors
 EXIT_CODES: list[tuple[type[BaseException], int, str]] = [
     (errors.CheckpointNotFoundError, 3, "checkpoint not found"),
     (errors.ManifestError, 4, "manifest missing or malformed (uncommitted or damaged)"),
-    (errors.UnsafePathError, 5, "unsafe path or symlink"),
+    (errors.UnsafePathError, 5, "unsafe path or symlink (read, or where a writer writes)"),
     (errors.MissingFileError, 6, "a listed file is missing"),
     (errors.ExtraFileError, 7, "an unlisted file is present"),
     (errors.TruncatedFileError, 8, "a file has the wrong size"),
@@ -42,7 +42,11 @@ EXIT_CODES: list[tuple[type[BaseException], int, str]] = [
     (errors.IncompatibleStateError, 11, "checkpoint does not fit this run"),
     (errors.ConfigError, 12, "invalid configuration"),
     (errors.RunDirInUseError, 13, "fresh run into a run directory with checkpoints"),
-    (errors.RunDirLockedError, 26, "another process is writing this run directory"),
+    (
+        errors.RunDirLockedError,
+        26,
+        "another process is writing this run directory, or this writer's lock lost it",
+    ),
     (errors.CommitError, 14, "checkpoint could not be committed"),
     (
         errors.StorageError,
