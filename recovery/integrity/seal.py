@@ -27,8 +27,9 @@ poison the events written after it.
 Rejected: chaining the events into the next checkpoint's signed statement
 instead (no signature per event). The events matter exactly when the newest
 checkpoints are gone (a rollback) or about to be moved (a branch), so no later
-statement is there to vouch for them. One ECDSA signature costs ~50 µs and is
-made only for these events (a few per checkpoint), never per step. What
+statement is there to vouch for them. A seal costs ~0.16 ms and its check
+~0.15 ms (P-256, measured on a 2-core VM), made only for these events (a few
+per checkpoint), never per step. What
 stays out of reach: an attacker who truncates the journal's tail (the chain
 cannot tell the end of a run from a cut) or holds the signing key.
 """
