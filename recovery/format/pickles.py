@@ -1,4 +1,5 @@
-"""Refuse a ``torch.save`` file whose pickle could run code, before anything is unpickled.
+"""Refuse a ``torch.save`` file whose pickle could run code or allocate past the file,
+before torch unpickles anything.
 
 A pickle is a program: ``GLOBAL``/``STACK_GLOBAL``/``INST`` name any importable
 callable and ``REDUCE`` calls it, so loading a stranger's ``.pt``, ``.ckpt`` or
@@ -6,15 +7,20 @@ callable and ``REDUCE`` calls it, so loading a stranger's ``.pt``, ``.ckpt`` or
 :func:`pickletools.genops`, which executes nothing, and refuses any global
 outside :data:`ALLOWED`: what a plain state dict needs (tensors rebuilt from
 their storages, ``OrderedDict``, ``torch.Size``, dtypes, devices, sets and
-bytes). Only then may the caller load the same bytes with
-``torch.load(weights_only=True)``, whose own allowlist is a second, independent
-check. The scan covers every pickle ``torch.load`` reads:
+bytes). Then it reads the tensors the pickle would rebuild with inert stand-ins
+(:mod:`recovery.format.rebuilds`) and refuses storages the file does not hold and
+views past, across or aliasing them. Only then may the caller load the same bytes
+with ``torch.load(weights_only=True)``, whose own allowlist is a second,
+independent check. The scan covers every pickle ``torch.load`` reads:
 
-- a zip archive (torch >= 1.6): every ``*.pkl`` member (``<archive>/data.pkl``);
-  duplicate member names are refused, since two zip readers may pick different
-  ones;
+- a zip archive (torch >= 1.6): ``<prefix>/data.pkl``, found by torch's own lookup
+  (:mod:`recovery.format.zipread`: the first member's directory, case ignored);
+  an archive where that lookup could find another member than the one scanned
+  (case variants, other members, a second central directory, compressed
+  members) is refused;
 - the legacy format: the five pickles at the start of the file (magic number,
-  protocol, system info, the object, the storage keys), then raw storage bytes.
+  protocol, system info, the object, the storage keys), then each storage's
+  element count and bytes, to the end of the file.
 
 Anything else (a plain pickle, a tar, a truncated file) is refused: ``torch.load``
 would either fail on it or, for a plain pickle, be reading something no
@@ -26,35 +32,32 @@ from __future__ import annotations
 
 import io
 import pickletools
-import zipfile
 from typing import Any
 
 import torch
 
 from recovery.errors import FormatError
+from recovery.format import rebuilds, zipread
+from recovery.format.rebuilds import global_name
 from recovery.format.tensorfile import DTYPES
-
-MAX_PICKLE = 256 << 20
-"""Largest pickle member scanned; a state dict's pickle is ~100 bytes per tensor."""
+from recovery.format.zipread import ADVICE
 
 LEGACY_MAGIC = 0x1950A86A20F9469CFC6C
 """``torch.serialization.MAGIC_NUMBER``: the first pickle of a legacy ``torch.save`` file."""
 LEGACY_PICKLES = 5
 
-_STORAGES = ("BFloat16", "Bool", "Byte", "Char", "Double", "Float", "Half", "Int", "Long", "Short")
 ALLOWED: frozenset[str] = frozenset(
     {
         "collections.OrderedDict",
         "torch._utils._rebuild_tensor_v2",
         "torch._utils._rebuild_tensor_v3",
         "torch._utils._rebuild_parameter",
-        "torch.storage.UntypedStorage",
         "torch.Size",
         "torch.device",
         "builtins.set",
         "builtins.frozenset",
         "_codecs.encode",  # how protocol 2 spells a bytes object
-        *(f"torch.{kind}Storage" for kind in _STORAGES),
+        *rebuilds.STORAGE_DTYPES,  # torch.FloatStorage, ..., torch.storage.UntypedStorage
         *(str(dtype) for dtype in DTYPES),  # torch.float32, ...: the dtypes we can store
     }
 )
@@ -75,17 +78,6 @@ _PUTS = ("PUT", "BINPUT", "LONG_BINPUT", "MEMOIZE")
 _GETS = ("GET", "BINGET", "LONG_BINGET")
 _INTS = ("INT", "BININT", "BININT1", "BININT2", "LONG", "LONG1", "LONG4")
 _UNKNOWN = object()
-
-
-ADVICE = (
-    "if you trust the file, load it where you trust it, save only its tensors "
-    "(safetensors.torch.save_file(state_dict, 'model.safetensors')) and import that"
-)
-
-
-def _name(module: str, attr: str) -> str:
-    # protocol 2 spells builtins the Python 2 way; the unpickler maps it back (fix_imports)
-    return f"{'builtins' if module == '__builtin__' else module}.{attr}"
 
 
 def _one(data: bytes | io.BytesIO, *, name: str) -> list[Any]:
@@ -117,7 +109,7 @@ def _one(data: bytes | io.BytesIO, *, name: str) -> list[Any]:
             pos = pos or 0
             if op.name in ("GLOBAL", "INST"):
                 module, _, attr = str(arg).partition(" ")
-                target = _name(module, attr)
+                target = global_name(module, attr)
                 if target not in ALLOWED:
                     raise refuse(f"a reference to {target}", pos)
                 recent = [_UNKNOWN]
@@ -125,7 +117,7 @@ def _one(data: bytes | io.BytesIO, *, name: str) -> list[Any]:
                 pair = recent[-2:]
                 if len(pair) < 2 or not all(isinstance(v, str) for v in pair):
                     raise refuse("a global whose name the scan cannot read", pos)
-                target = _name(pair[0], pair[1])
+                target = global_name(pair[0], pair[1])
                 if target not in ALLOWED:
                     raise refuse(f"a reference to {target}", pos, names=2)
                 recent = [_UNKNOWN]
@@ -159,41 +151,11 @@ def _one(data: bytes | io.BytesIO, *, name: str) -> list[Any]:
 
 
 def _scan_zip(data: bytes, *, name: str) -> None:
-    try:
-        archive = zipfile.ZipFile(io.BytesIO(data))
-        members = archive.infolist()
-    except (zipfile.BadZipFile, ValueError, OSError) as err:
-        raise FormatError(
-            f"{name}: expected a torch.save zip archive, found {err} (truncated or corrupt); "
-            "nothing was unpickled; fetch the file again"
-        ) from None
-    names = [m.filename for m in members]
-    if len(set(names)) != len(names):
-        dup = next(n for n in names if names.count(n) > 1)
-        raise FormatError(
-            f"{name}: expected a torch.save archive, found the member {dup} twice; refusing "
-            "to guess which one torch.load would read"
-        )
-    pickles = [m for m in members if m.filename.endswith(".pkl")]
-    if not any(m.filename.split("/")[-1] == "data.pkl" for m in pickles):
-        raise FormatError(
-            f"{name}: expected a torch.save archive holding data.pkl, found members "
-            f"{names[:5]}; it is not a PyTorch checkpoint"
-        )
-    for member in pickles:
-        where = f"{name}:{member.filename}"
-        if member.file_size > MAX_PICKLE:
-            raise FormatError(
-                f"{where}: expected a pickle of at most {MAX_PICKLE} bytes, found "
-                f"{member.file_size}; " + ADVICE
-            )
-        try:
-            blob = archive.read(member)
-        except (zipfile.BadZipFile, ValueError, OSError, EOFError) as err:
-            raise FormatError(
-                f"{where}: cannot be read ({err}); the archive is corrupt; fetch it again"
-            ) from None
-        _one(blob, name=where)
+    archive = zipread.read(data, name=name)  # the member torch.load would read, and only it
+    where = f"{name}:{archive.prefix}/{zipread.PICKLE}"
+    _one(archive.pickle, name=where)
+    refs, _ = rebuilds.read(io.BytesIO(archive.pickle), name=where)
+    rebuilds.check(refs, archive.storages, name=name)
 
 
 def _scan_legacy(data: bytes, *, name: str) -> None:
@@ -206,6 +168,45 @@ def _scan_legacy(data: bytes, *, name: str) -> None:
                 "that starts with torch's magic number), found a plain pickle; nothing was "
                 "unpickled; " + ADVICE
             )
+    stream.seek(0)
+    refs, values = rebuilds.read(stream, name=name, legacy=True)
+    stored = _legacy_storages(data, stream.tell(), values[-1], refs, name=name)
+    rebuilds.check(refs, stored, name=name)
+
+
+def _legacy_storages(
+    data: bytes, start: int, keys: Any, refs: rebuilds.Refs, *, name: str
+) -> dict[str, int]:
+    """The storages after a legacy file's pickles, in ``keys`` order: each an 8-byte
+    little-endian element count, then its bytes, up to the end of the file.
+
+    Returns:
+        Storage key -> bytes. Raises: FormatError (a key missing or repeated, a count
+        not the pickle's, bytes past the end or left after it).
+    """
+    if not isinstance(keys, list) or sorted(keys, key=str) != sorted(refs.storages):
+        raise rebuilds.refuse(
+            name, f"the storage keys {sorted(refs.storages)[:3]}...", f"{keys!r:.80}"
+        )
+    stored, pos = {}, start
+    for key in keys:
+        dtype, numel = refs.storages[key]
+        count = int.from_bytes(data[pos : pos + 8], "little", signed=True)
+        size = numel * dtype.itemsize
+        if count != numel or pos + 8 + size > len(data):
+            raise rebuilds.refuse(
+                name,
+                f"storage {key!r}: {numel} x {dtype} at byte {pos}",
+                f"a count of {count} and {len(data) - pos - 8} bytes left",
+            )
+        stored[key], pos = size, pos + 8 + size
+    if pos != len(data):
+        raise rebuilds.refuse(
+            name,
+            f"the file to end after its storages at byte {pos}",
+            f"{len(data) - pos} more bytes",
+        )
+    return stored
 
 
 def scan(data: bytes, *, name: str) -> str:
@@ -215,8 +216,10 @@ def scan(data: bytes, *, name: str) -> str:
         ``"zip"`` or ``"legacy"``: the file's layout.
 
     Raises:
-        FormatError: it is neither layout, is truncated or corrupt, or references a
-            global outside :data:`ALLOWED`; nothing was unpickled.
+        FormatError: it is neither layout, is truncated or corrupt, references a global
+            outside :data:`ALLOWED`, is an archive torch's reader could read otherwise
+            (:mod:`~recovery.format.zipread`), or states tensors past, across or beyond
+            the storages it holds (:mod:`~recovery.format.rebuilds`); torch read nothing.
     """
     if data[:4] == b"PK\x03\x04":
         _scan_zip(data, name=name)

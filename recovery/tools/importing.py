@@ -35,7 +35,7 @@ from recovery.run import job as job_mod
 from recovery.run.restore import Identity
 from recovery.state import wrapping
 from recovery.state.registry import MODEL
-from recovery.tools import sources
+from recovery.tools import hfdir, sources
 from recovery.tools.sources import Source
 from recovery.version import __version__
 
@@ -72,9 +72,11 @@ def read(src: Path, *, key: str | None = None) -> Source:
     Raises:
         CheckpointNotFoundError: nothing at ``src``.
         FormatError, ConfigError, UnreadableFileError: as :mod:`recovery.tools.sources`.
+        UnsafePathError: a directory's symlink or shard path leads out of it
+            (:mod:`recovery.tools.hfdir`).
     """
     if src.is_dir():
-        return sources.read_dir(src, key=key)
+        return hfdir.read_dir(src, key=key)
     if not src.exists():
         raise CheckpointNotFoundError(
             f"{src}: no such file or directory to import; expected a torch.save file, a "

@@ -4,13 +4,15 @@ safetensors file, or a Hugging Face model directory.
 Nothing here trusts its input. Every file is read once into memory and hashed
 as read (the digests go into the imported artifact's provenance), and parsed
 from those same bytes: a pickle is scanned opcode by opcode and refused if it
-names a global a plain state dict does not need, before ``torch.load`` with
-``weights_only=True`` sees it (:mod:`recovery.format.pickles`); a safetensors
-file is checked as strictly as the official reader checks it
-(:func:`recovery.format.tensorfile.views`, header bounded at 100 MiB); an
-index's shard names must be plain file names in the directory. What comes out
-is a flat ``{name: tensor}`` state dict, or a :class:`~recovery.errors.FormatError`
-naming the file, what was expected, what was found and what to do.
+names a global a plain state dict does not need, or states tensors the file's
+storages do not hold, before ``torch.load`` with ``weights_only=True`` sees it
+(:mod:`recovery.format.pickles`); a safetensors file is checked as strictly as
+the official reader checks it (:func:`recovery.format.tensorfile.views`, header
+bounded at 100 MiB). A Hugging Face directory is read by
+:mod:`recovery.tools.hfdir`, which follows a symlink only into the HF cache's
+blobs. What comes out is a flat ``{name: tensor}`` state dict, or a
+:class:`~recovery.errors.FormatError` naming the file, what was expected, what
+was found and what to do.
 
 A Lightning checkpoint is unpickled whole (a pickle cannot be read in part), so
 one whose ``hyper_parameters`` or callback state hold objects outside the
@@ -22,6 +24,8 @@ from __future__ import annotations
 
 import hashlib
 import json
+import os
+import stat
 from collections.abc import Iterator, Mapping
 from contextlib import contextmanager
 from dataclasses import dataclass, field
@@ -32,18 +36,9 @@ import torch
 
 from recovery.errors import CheckpointNotFoundError, ConfigError, FormatError, UnreadableFileError
 from recovery.format import bounded, pickles, tensorfile
-from recovery.format.layout import SIGNATURE_FILE
 from recovery.format.manifest import FileRecord
 
 TORCH, LIGHTNING, SAFETENSORS, HF = "torch", "lightning", "safetensors", "hf"
-HF_CONFIG = "config.json"
-# what an HF directory may hold, in the order its loaders prefer them
-HF_WEIGHTS = (
-    "model.safetensors.index.json",
-    "model.safetensors",
-    "pytorch_model.bin.index.json",
-    "pytorch_model.bin",
-)
 MAX_JSON = 64 << 20
 """Largest ``config.json`` or index read (an index lists every tensor name once)."""
 LIGHTNING_KEYS = ("pytorch-lightning_version", "global_step", "epoch")
@@ -70,7 +65,7 @@ class Source:
 
 
 @contextmanager
-def _reading(path: Path) -> Iterator[None]:
+def reading(path: Path) -> Iterator[None]:
     """Map the OS's refusals to typed errors naming ``path``."""
     try:
         yield
@@ -83,21 +78,38 @@ def _reading(path: Path) -> Iterator[None]:
         ) from None
 
 
-def _read(path: Path, name: str, files: list[FileRecord]) -> bytes:
-    """The bytes of ``path`` (symlinks followed: the HF cache links into its blobs), hashed
-    and recorded under ``name``.
+def read_bytes(
+    path: Path, name: str, files: list[FileRecord], *, real: Path | None = None, limit: int = 0
+) -> bytes:
+    """The bytes of one regular file, hashed and recorded under ``name``: ``path`` (symlinks
+    followed: the file the user named), or ``real`` without following one (a directory's
+    member, resolved by :func:`recovery.tools.hfdir.member`). ``limit``: most bytes read.
 
     Raises:
         CheckpointNotFoundError: nothing there. UnreadableFileError: it cannot be read.
+        FormatError: not a regular file (a FIFO, a device), or larger than ``limit``.
     """
-    with _reading(path):
-        data = path.read_bytes()
+    nofollow = 0 if real is None else os.O_NOFOLLOW
+    flags = os.O_RDONLY | os.O_NONBLOCK | nofollow  # a FIFO must not block the open
+    with reading(path), open(os.open(real or path, flags), "rb") as fh:
+        info = os.fstat(fh.fileno())
+        if not stat.S_ISREG(info.st_mode):
+            raise FormatError(f"{path}: expected a regular file, found another kind", path=path)
+        if limit and info.st_size > limit:
+            raise FormatError(
+                f"{path}: expected at most {limit} bytes, found {info.st_size}; {ADVICE}",
+                path=path,
+            )
+        data = fh.read()
     files.append(FileRecord(name, hashlib.sha256(data).hexdigest(), len(data)))
     return data
 
 
-def _json(path: Path, name: str, files: list[FileRecord], *, what: str) -> Any:
-    data = _read(path, name, files)
+def read_json(
+    path: Path, name: str, files: list[FileRecord], *, what: str, real: Path | None = None
+) -> Any:
+    """A JSON document of at most :data:`MAX_JSON` bytes, read as :func:`read_bytes` reads."""
+    data = read_bytes(path, name, files, real=real, limit=MAX_JSON)
     try:
         return bounded.json_loads(data, limit=MAX_JSON)
     except ValueError as err:
@@ -147,10 +159,13 @@ def _tensor_kind(t: torch.Tensor) -> str:
     return f"a {t.layout} tensor" if t.layout != torch.strided else f"a {t.dtype} tensor"
 
 
-def _safetensors(path: Path, name: str, files: list[FileRecord]) -> dict[str, torch.Tensor]:
+def read_safetensors(
+    path: Path, name: str, files: list[FileRecord], *, real: Path | None = None
+) -> dict[str, torch.Tensor]:
+    """A safetensors file's tensors, checked; ``real`` as :func:`read_bytes` takes it."""
     # straight into one tensor, hashed as it arrives; the tensors are views of it
-    with _reading(path):
-        real = path.resolve(strict=True)  # read_hashed refuses a symlink, the HF cache has them
+    with reading(path):
+        real = real or path.resolve(strict=True)  # read_hashed refuses a symlink
         buffer, digest = tensorfile.read_hashed(real, size=real.stat().st_size)
     files.append(FileRecord(name, digest, buffer.numel()))
     tensors = tensorfile.views(buffer, name=str(path), advice=ADVICE)
@@ -167,13 +182,18 @@ def read_file(path: Path, *, key: str | None = None) -> Source:
     Raises:
         FormatError, ConfigError (``key`` absent), CheckpointNotFoundError, UnreadableFileError.
     """
-    return _file(path, path.name, [], key=key)
+    return read_torch(path, path.name, [], key=key)
 
 
-def _file(path: Path, name: str, files: list[FileRecord], *, key: str | None) -> Source:
+def read_torch(
+    path: Path, name: str, files: list[FileRecord], *, key: str | None, real: Path | None = None
+) -> Source:
+    """A weights file as :func:`read_file` reads it, recorded under ``name`` in ``files``;
+    ``real`` as :func:`read_bytes` takes it."""
     if path.suffix == ".safetensors":
-        return Source(SAFETENSORS, path, _safetensors(path, name, files), files, "single")
-    data = _read(path, name, files)
+        tensors = read_safetensors(path, name, files, real=real)
+        return Source(SAFETENSORS, path, tensors, files, "single")
+    data = read_bytes(path, name, files, real=real)
     obj = pickles.load(data, name=str(path))  # scans every pickle first
     layout = "zip" if data[:2] == b"PK" else "legacy"
     lightning = path.suffix == ".ckpt" or (
@@ -213,85 +233,3 @@ def _json_able(obj: Any) -> bool:
     except (TypeError, ValueError):
         return False
     return True
-
-
-def _shard(directory: Path, name: Any, index: Path) -> Path:
-    """A shard an index names: a plain file name inside ``directory``, never a path."""
-    if not isinstance(name, str) or not name or "/" in name or "\\" in name or name[0] == ".":
-        raise FormatError(
-            f"{index}: expected shard file names inside {directory}, found {name!r}; "
-            "refusing a path out of the directory"
-        )
-    return directory / name
-
-
-def read_dir(directory: Path, *, key: str | None = None) -> Source:
-    """A Hugging Face model directory: the first of :data:`HF_WEIGHTS` it holds, and its
-    ``config.json`` (the artifact's model config) when there is one. Other files
-    (tokenizer, generation config, ...) are not read.
-
-    Raises:
-        FormatError: none of :data:`HF_WEIGHTS`, a malformed index or shard, or shards
-            whose tensors differ from what the index maps to them.
-    """
-    if (directory / SIGNATURE_FILE).exists():
-        raise FormatError(
-            f"{directory}: expected weights to import, found a recovery artifact (it holds "
-            f"{SIGNATURE_FILE}); pass it to +init_from= as it is"
-        )
-    found = next((n for n in HF_WEIGHTS if (directory / n).is_file()), None)
-    if found is None:
-        with _reading(directory):
-            held = sorted(p.name for p in directory.iterdir())
-        shown = ", ".join(held[:6]) + (", ..." if len(held) > 6 else "") if held else "nothing"
-        raise FormatError(
-            f"{directory}: expected a Hugging Face model directory holding one of "
-            f"{', '.join(HF_WEIGHTS)}, found {shown}; pass the weights file itself, or the "
-            "directory save_pretrained() wrote"
-        )
-    files: list[FileRecord] = []
-    tensors: dict[str, torch.Tensor] = {}
-    layout = "single"
-    if found.endswith(".index.json"):
-        layout = "sharded"
-        tensors = _sharded(directory, directory / found, files)
-    elif found.endswith(".safetensors"):
-        tensors = _safetensors(directory / found, found, files)
-    else:
-        tensors = _file(directory / found, found, files, key=key).tensors
-    src = Source(HF, directory, tensors, files, layout)
-    if (directory / HF_CONFIG).is_file():
-        cfg = _json(directory / HF_CONFIG, HF_CONFIG, files, what="a JSON object (config.json)")
-        if not isinstance(cfg, dict):
-            raise FormatError(f"{directory / HF_CONFIG}: expected a JSON object, found {cfg!r}")
-        src.model_config, src.config_from = cfg, HF_CONFIG
-    return src
-
-
-def _sharded(directory: Path, index: Path, files: list[FileRecord]) -> dict[str, torch.Tensor]:
-    doc = _json(index, index.name, files, what="a JSON index with a weight_map")
-    weight_map = doc.get("weight_map") if isinstance(doc, dict) else None
-    if not isinstance(weight_map, dict) or not weight_map:
-        raise FormatError(f"{index}: expected a JSON object with a weight_map, found {doc!r:.80}")
-    wanted: dict[str, set[str]] = {}
-    for name, shard in weight_map.items():
-        wanted.setdefault(_shard(directory, shard, index).name, set()).add(name)
-    tensors: dict[str, torch.Tensor] = {}
-    for shard, names in wanted.items():
-        path = directory / shard
-        if not path.is_file():
-            raise FormatError(
-                f"{index}: names shard {shard}, which {directory} does not hold; {ADVICE}"
-            )
-        if shard.endswith(".safetensors"):
-            got = _safetensors(path, shard, files)
-        else:
-            got = state_dict(pickles.load(_read(path, shard, files), name=str(path)), where=shard)
-        if set(got) != names:
-            extra, missing = sorted(set(got) - names), sorted(names - set(got))
-            raise FormatError(
-                f"{path}: expected the {len(names)} tensors {index.name} maps to it, found "
-                f"{len(got)} (not in the index: {extra[:3]}, absent: {missing[:3]}); {ADVICE}"
-            )
-        tensors.update(got)
-    return tensors
