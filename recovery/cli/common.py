@@ -11,7 +11,7 @@ from typing import Any
 import torch
 
 from recovery import errors
-from recovery.config import SigningConfig
+from recovery.config import SigningConfig, parse_duration
 from recovery.integrity import trust
 from recovery.integrity.signing import PUBLIC_KEY_FILE, TrustStore
 from recovery.run import resume
@@ -20,6 +20,28 @@ from recovery.run import resume
 def emit(args: argparse.Namespace, data: Any, text: str) -> None:
     """Print ``data`` as JSON under ``--json``, else ``text``."""
     print(json.dumps(data, indent=1, sort_keys=True, default=str) if args.json else text)
+
+
+def duration(text: str) -> float:
+    """An option's duration (``60s``, ``5m``, ``24h``, ``2d``), for argparse's ``type=``: a bad
+    value is a bad command line (argparse's usage line, exit 2), not a bad config (12).
+
+    Raises:
+        argparse.ArgumentTypeError: naming the value and the form expected.
+    """
+    try:
+        return parse_duration(text)
+    except ValueError as err:
+        raise argparse.ArgumentTypeError(str(err)) from None
+
+
+def durations(text: str) -> list[float]:
+    """A comma-separated list of :func:`duration` values (``5m,1h,4h``), for ``type=``.
+
+    Raises:
+        argparse.ArgumentTypeError: naming the first bad item.
+    """
+    return [duration(item) for item in text.split(",")]
 
 
 def add_trust_flags(p: argparse.ArgumentParser) -> None:

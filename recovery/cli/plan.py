@@ -5,19 +5,12 @@ from __future__ import annotations
 import argparse
 from typing import Any
 
-from recovery import errors
-from recovery.cli.common import emit
-from recovery.config import parse_duration
+from recovery.cli.common import duration, durations, emit
 from recovery.run import policy
 
 
 def cmd_plan(args: argparse.Namespace) -> int:
-    try:
-        cost = parse_duration(args.cost)
-        mtbf = parse_duration(args.mtbf)
-        intervals = [parse_duration(t) for t in args.intervals.split(",")]
-    except ValueError as err:
-        raise errors.ConfigError(f"plan: {err}") from None
+    cost, mtbf, intervals = args.cost, args.mtbf, args.intervals  # parsed by argparse
     best = policy.young_daly(cost, mtbf)
     rows = policy.plan(cost, mtbf, sorted({*intervals, best}), async_save=args.async_save)
     optimum = min(rows, key=lambda r: r["total_per_day_s"])
@@ -59,10 +52,16 @@ def _dur(seconds: float) -> str:
 def register(sub: Any) -> None:
     """Add ``plan`` to the subcommands."""
     p = sub.add_parser("plan", help="checkpoint interval arithmetic: cost vs expected loss")
-    p.add_argument("--cost", required=True, help="cost of one checkpoint to the run, e.g. 60s")
-    p.add_argument("--mtbf", required=True, help="mean time between failures, e.g. 24h")
+    # a bad value is argparse's usage error (exit 2), as for any other bad argument
+    p.add_argument(
+        "--cost", required=True, type=duration, help="cost of one checkpoint to the run, e.g. 60s"
+    )
+    p.add_argument(
+        "--mtbf", required=True, type=duration, help="mean time between failures, e.g. 24h"
+    )
     p.add_argument(
         "--intervals",
+        type=durations,
         default="5m,10m,30m,1h,2h,4h,8h",
         help="comma-separated intervals to compare (the optimum is always added)",
     )

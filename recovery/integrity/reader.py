@@ -1,8 +1,9 @@
 """Verify a committed directory and hand back exactly the bytes that were hashed.
 
-Nothing is deserialised here: :func:`read_verified` checks each listed file's
-size, reads it once into memory (tensor files into one buffer each, hashed
-while they arrive; the files at once, one per core), checks its digest
+Nothing is deserialised here but the JSON that says which files belong
+(below): :func:`read_verified` checks each listed file's size, reads it once
+into memory (tensor files into one buffer each, hashed while they arrive; the
+files at once, one per core), checks its digest
 against the manifest (sha256, or the blake3 the manifest names), and returns
 those bytes. Decoders then parse the same bytes, so there is no window between
 "checked" and "used" in which the file could change.
@@ -11,7 +12,10 @@ Checks, each with its own error, in this order: ``model.sig`` present; its
 signature valid and its signer trusted (before anything else is read); the
 statement well formed; every listed name a plain relative path; no symlinks
 anywhere in the directory; no
-listed file missing; no unlisted file present; each file's size, then digest.
+listed file missing; no unlisted file present; each file's size, then digest;
+then every listed file claimed by ``state.json`` (:mod:`recovery.format.claims`:
+a file a key holder signed in that nothing gives a meaning is refused like an
+unlisted one). JSON of ``state.json`` and shard indexes is all that is parsed.
 """
 
 from __future__ import annotations
@@ -39,18 +43,15 @@ from recovery.errors import (
     UnreadableFileError,
     UnsafePathError,
 )
-from recovery.format import digests, manifest, tensorfile
+from recovery.format import claims, digests, manifest, tensorfile
 from recovery.format.layout import (
-    METRICS_FILE,
     SIGNATURE_FILE,
     TENSOR_SUFFIX,
-    Listing,
     is_uncommitted,
     parse_step,
-    scan,
 )
 from recovery.format.manifest import FileRecord, Manifest
-from recovery.integrity import signing
+from recovery.integrity import notcheckpoint, signing
 from recovery.integrity.signing import TrustStore
 from recovery.progress import bytes_bar
 
@@ -163,7 +164,7 @@ def _read_manifest(path: Path, trust: TrustStore, *, allow_untrusted: bool) -> M
     if path.is_symlink():
         raise UnsafePathError(f"{path}: is a symlink; expected a checkpoint directory", path=path)
     if not path.is_dir():
-        raise CheckpointNotFoundError(_not_a_directory(path), path=path)
+        raise CheckpointNotFoundError(notcheckpoint.not_a_directory(path), path=path)
     file = path / SIGNATURE_FILE
     if is_uncommitted(path.name):
         raise ManifestError(
@@ -174,7 +175,7 @@ def _read_manifest(path: Path, trust: TrustStore, *, allow_untrusted: bool) -> M
     try:
         st = os.lstat(file)
     except FileNotFoundError:
-        raise _unsigned(path) from None
+        raise notcheckpoint.unsigned(path) from None
     if not stat.S_ISREG(st.st_mode):
         raise UnsafePathError(
             f"{file}: expected a regular file, found a symlink or special file", path=file
@@ -200,58 +201,6 @@ def _read_manifest(path: Path, trust: TrustStore, *, allow_untrusted: bool) -> M
     return mf
 
 
-def _not_a_directory(path: Path) -> str:
-    """Why ``path``, which is no directory, is no checkpoint, and what to pass instead."""
-    if not path.exists():
-        return f"{path}: no such checkpoint directory"
-    found = "a file" if path.is_file() else "not a directory"
-    # a file of a checkpoint (its model.sig, a tensor file): the directory is what was meant
-    inside = f"; pass {path.parent}" if (path.parent / SIGNATURE_FILE).is_file() else ""
-    return (
-        f"{path}: is {found}, not a checkpoint; a checkpoint is a directory (step-NNNNNNNN/ "
-        f"holding {SIGNATURE_FILE} and the files it signs){inside}"
-    )
-
-
-def _unsigned(path: Path) -> CheckpointNotFoundError | ManifestError:
-    """The error for a directory with no ``model.sig``: a run directory, or an uncommitted
-    (or unrelated) directory."""
-    try:
-        listing = scan(path)
-    except OSError:  # unlistable: say what the reader was sure of, that model.sig is absent
-        listing = Listing([], [])
-    journal = (path / METRICS_FILE).is_file()
-    if parse_step(path.name) is None and (listing.committed or journal):
-        held = " and ".join(
-            (["step-* checkpoint directories"] if listing.committed else [])
-            + ([METRICS_FILE] if journal else [])
-        )
-        steps = [step for step, _ in listing.committed]
-        pick = (
-            f"pass one of its step directories ({listing.committed[-1][1]} is the newest), or "
-            if steps
-            else "it holds no committed checkpoint yet; "
-        )
-        return CheckpointNotFoundError(
-            f"{path}: is a run directory (it holds {held}), not a checkpoint; {pick}to resume "
-            f"the configured run use +resume=latest or +resume=<step>"
-            + (f" (committed steps: {steps})" if steps else ""),
-            path=path,
-        )
-    if parse_step(path.name) is not None:
-        return ManifestError(
-            f"{path / SIGNATURE_FILE}: missing. The directory was never committed (or its "
-            "signature was deleted); resume from another checkpoint.",
-            path=path / SIGNATURE_FILE,
-        )
-    return ManifestError(
-        f"{path / SIGNATURE_FILE}: missing; {path} is not a committed checkpoint (a checkpoint "
-        f"directory holds {SIGNATURE_FILE} beside the files it signs). Pass a checkpoint "
-        "directory; if this is one, it was never committed or its signature was deleted.",
-        path=path / SIGNATURE_FILE,
-    )
-
-
 def read_verified(
     path: str | Path,
     trust: TrustStore,
@@ -273,7 +222,8 @@ def read_verified(
         CheckpointNotFoundError, ManifestError, SignatureError, UntrustedSignerError,
         UnsafePathError, MissingFileError, ExtraFileError, TruncatedFileError,
         DigestMismatchError, UnreadableFileError: the first failure found, naming the
-        file, what was expected and what was found.
+        file, what was expected and what was found (ExtraFileError also for a signed
+        file ``state.json`` does not claim). FormatError: a malformed shard index.
     """
     path = Path(path)
     with _readable(path):
@@ -339,7 +289,21 @@ def _read_verified(
         )
         for rec in mf.files
     }
+    _check_claimed(path, blobs)
     return Verified(path=path, manifest=mf, files=blobs)
+
+
+def _check_claimed(path: Path, blobs: dict[str, bytes | torch.Tensor | Deferred]) -> None:
+    """Every listed file is one ``state.json`` gives a meaning (:func:`.claims.check`):
+    a signature proves who listed a file, not that any decoder will ever look at it."""
+
+    def read(name: str) -> bytes | None:
+        blob = blobs.get(name)
+        if isinstance(blob, Deferred):
+            blob = blob.read()
+        return blob if isinstance(blob, bytes) else None
+
+    claims.check(path, blobs, read)
 
 
 def _size(path: Path, rec: FileRecord) -> int:

@@ -18,6 +18,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+from recovery.errors import StorageError
 from recovery.format.manifest import FileRecord, Manifest
 from recovery.integrity.signing import Signer
 from recovery.parallel import multirank, sharded
@@ -29,6 +30,7 @@ from recovery.run.job import SaveJob, Tensors, split
 from recovery.run.staging import Staging
 from recovery.run.writer import BackgroundWriter
 from recovery.state.registry import TrainState
+from recovery.storage import full
 
 
 @dataclass(frozen=True)
@@ -75,6 +77,7 @@ class Inline:
 
         Raises:
             PurposeError, CommitError: nothing was committed; earlier checkpoints are intact.
+            StorageError: the disk is full (:func:`recovery.storage.full.refused`).
         """
         return self.write_tree(job, state.state_dict(), waited=waited)
 
@@ -96,10 +99,18 @@ class Inline:
         pause: float | None = None,
         **commit_kw: Any,
     ) -> float:
-        mf = job.write(skeletons, tensors, signer=self.signer, **commit_kw)
-        write_s = time.perf_counter() - started
-        cost = Cost(pause if pause is not None else write_s, waited, write_s, mode)
-        self.committed(job, mf, cost)
+        try:
+            mf = job.write(skeletons, tensors, signer=self.signer, **commit_kw)
+            write_s = time.perf_counter() - started
+            cost = Cost(pause if pause is not None else write_s, waited, write_s, mode)
+            self.committed(job, mf, cost)
+        except Exception as err:
+            # a full disk met by the commit or by what follows it (the journal's record): one
+            # error, whichever it was and on whichever thread (recovery.storage.full)
+            no_room = full.cause(err)
+            if no_room is None or isinstance(err, StorageError):
+                raise
+            raise full.refused(no_room, job.final.parent) from err
         return cost.pause_s
 
     def wait(self) -> float:
@@ -119,7 +130,7 @@ class Inline:
         this one's own).
 
         Raises:
-            CommitError: a background save failed.
+            CommitError, StorageError (a full disk): a background save failed.
         """
         self.raise_if_failed()
 
@@ -162,7 +173,7 @@ class Background(Inline):
         """Wait for the save in flight; return the seconds waited.
 
         Raises:
-            CommitError: it failed.
+            CommitError, StorageError (a full disk): it failed.
         """
         return self._writer.wait()
 
@@ -170,7 +181,7 @@ class Background(Inline):
         """Raise the failure of a finished background save, once.
 
         Raises:
-            CommitError: it failed.
+            CommitError, StorageError (a full disk): it failed.
         """
         self._writer.raise_if_failed()
 
@@ -178,7 +189,7 @@ class Background(Inline):
         """Wait for the save in flight and stop the thread; return the seconds waited.
 
         Raises:
-            CommitError: the last save failed.
+            CommitError, StorageError (a full disk): the last save failed.
         """
         started = time.perf_counter()
         self._writer.close()
@@ -310,7 +321,7 @@ class RanksBackground(Ranks, Background):
         it fails on all).
 
         Raises:
-            CommitError: the save in flight failed.
+            CommitError, StorageError (a full disk): the save in flight failed.
         """
         if self._writer.outstanding and (failed or not running):
             self.wait()

@@ -47,7 +47,9 @@ class BackgroundWriter:
         return job is not None and job.done() and job.exception() is not None
 
     def raise_if_failed(self) -> None:
-        """Raise the error of a finished background save, once."""
+        """Raise the error of a finished background save, once: a
+        :class:`~recovery.errors.StorageError` as it is (a full disk says the same whichever
+        thread met it, :mod:`recovery.storage.full`), any other wrapped in a CommitError."""
         job = self._pending
         if job is not None and job.done():
             self._pending = None
@@ -66,7 +68,7 @@ class BackgroundWriter:
         """Wait for the save in flight (if any); return the seconds waited.
 
         Raises:
-            CommitError: that save failed.
+            CommitError, StorageError (a full disk included): that save failed.
         """
         started = time.perf_counter()
         if self.busy:
@@ -90,7 +92,7 @@ class BackgroundWriter:
         """Wait for the save in flight, then stop the thread.
 
         Raises:
-            CommitError: the last save failed.
+            CommitError, StorageError (a full disk included): the last save failed.
         """
         try:
             self.wait()

@@ -9,6 +9,8 @@ fails with ``EFBIG`` the way one past a full disk fails with ``ENOSPC``.
 
 from __future__ import annotations
 
+import contextlib
+import errno
 import os
 import resource
 import shutil
@@ -20,9 +22,12 @@ from pathlib import Path
 
 import pytest
 
+from recipes.data import META_FILE
 from recovery import faults
-from recovery.format.layout import step_dir_name
+from recovery.format.layout import METRICS_FILE, parse_step, step_dir_name
+from recovery.integrity import reader
 from recovery.integrity.trust import KEY_ENV
+from recovery.storage import full
 from tests import launcher
 from tests.integration.conftest import SMALL, TRAIN
 
@@ -115,12 +120,102 @@ def test_the_run_directory_deleted_mid_run_is_one_line(tmp_path, data_root, sign
 
 
 def test_a_full_disk_fails_the_commit_in_one_line_and_leaves_no_temp(tmp_path, data_root, signer):
+    if not (data_root / META_FILE).exists():  # generated under the limit it would fail first
+        assert finish(train(tmp_path / "warm", data_root, signer, "train.steps=1"))[0] == 0
     root = tmp_path / "ckpts"
     root.mkdir()
     # the journal stays under the limit, every checkpoint file is over it
     code, err = finish(train(root, data_root, signer, fsize=20_000))
-    assert code == 14 and "File too large" in one_line(err)
+    assert code == 28 and one_line(err) == f"error: {disk_full(root / 'r', errno.EFBIG)}"
     assert [p.name for p in (root / "r").iterdir() if p.name.startswith("step-")] == []
+
+
+def disk_full(run_dir: Path, code: int = errno.ENOSPC) -> str:
+    """The one message of a full disk under ``run_dir``, whatever met it."""
+    return str(full.refused(OSError(code, os.strerror(code)), run_dir))
+
+
+@pytest.fixture
+def small_disk(tmp_path):
+    """An 8 MiB tmpfs the test fills for real (``ENOSPC``); skipped where mounting is not
+    allowed (a container without ``CAP_SYS_ADMIN``)."""
+    mnt = tmp_path / "disk"
+    mnt.mkdir()
+    done = subprocess.run(
+        ["mount", "-t", "tmpfs", "-o", "size=8m", "tmpfs", str(mnt)], capture_output=True, text=True
+    )
+    if done.returncode != 0:
+        pytest.skip(f"cannot mount a tmpfs to fill: {done.stderr.strip()}")
+    yield mnt
+    subprocess.run(["umount", "--lazy", str(mnt)], check=False)
+
+
+def fill(disk: Path) -> None:
+    """Write zeros into ``disk`` until the kernel says it is full."""
+    with open(disk / "filler", "wb", buffering=0) as fh, contextlib.suppress(OSError):
+        while True:
+            fh.write(bytes(4096))
+
+
+def pad_journal(journal: Path, *, slack: bool) -> None:
+    """Append one record that leaves the journal's last page (tmpfs allocates by 4 KiB page)
+    with room for many more records (``slack``), or exactly full: then the training
+    thread's next record needs a page of the full disk."""
+    record = b'{"event":"pad","x":""}\n'
+    size = journal.stat().st_size + len(record)
+    extra = (-size) % 4096 + (64 if slack else 0)
+    with open(journal, "ab") as fh:
+        fh.write(record[:-3] + b"x" * extra + record[-3:])
+
+
+# (pause point, checkpoint.async, journal left with room): each fills the disk at another
+# moment of a save, so the failure meets another write on another thread
+MOMENTS = {
+    "between saves: the next background save meets it": ("step-15", True, True),
+    "a background save mid-write": ("commit-write-20", True, True),
+    "a background save before its signature": ("commit-before-manifest-20", True, True),
+    "the last background save, which close() collects": ("commit-write-80", True, True),
+    "a synchronous save mid-write": ("commit-write-20", False, True),
+    "the journal on the training thread first": ("step-15", True, False),
+}
+
+
+@pytest.mark.parametrize("moment", list(MOMENTS))
+def test_a_disk_filling_during_a_save_is_exit_28_whenever_it_is_met(
+    tmp_path, small_disk, data_root, signer, trust, moment
+):
+    point, async_save, room = MOMENTS[moment]
+    root = small_disk / "ckpts"
+    root.mkdir()
+    mark, release = tmp_path / "mark", tmp_path / "release"
+    env = {faults.PAUSE_ENV: point, faults.MARK_ENV: str(mark), faults.RELEASE_ENV: str(release)}
+    # Hydra's log off the small disk: a log line that cannot be written is printed by
+    # Python's logging as a traceback of its own, which would hide the line under test
+    proc = train(
+        root, data_root, signer, f"checkpoint.async={str(async_save).lower()}",
+        f"hydra.run.dir={tmp_path / 'hydra'}", env=env,
+    )  # fmt: skip
+    try:
+        deadline = time.monotonic() + 120
+        while not mark.exists():
+            assert proc.poll() is None and time.monotonic() < deadline
+            time.sleep(0.05)
+        run_dir = root / "r"
+        pad_journal(run_dir / METRICS_FILE, slack=room)
+        fill(small_disk)
+        release.touch()
+        code, out = finish(proc)
+    finally:
+        if proc.poll() is None:  # paused for good: a failed wait above
+            proc.kill()
+    line = one_line(out)
+    if room:
+        assert code == 28 and line == f"error: {disk_full(run_dir)}", out[-3000:]
+    else:  # met by the journal first: recipes' handler words it (see the report of issue 26)
+        assert code == 28 and "No space left on device" in line, out[-3000:]
+    assert not [p for p in run_dir.iterdir() if ".tmp-" in p.name]
+    newest = max(p for p in run_dir.iterdir() if parse_step(p.name) is not None)
+    assert reader.read_verified(newest, trust).manifest.step == parse_step(newest.name)
 
 
 @needs_setpriv

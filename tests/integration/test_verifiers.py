@@ -3,11 +3,14 @@
 The default (sharded files, sha256) passes ``model_signing verify key``, the
 CLI, unchanged; a ``checkpoint.hash=blake3`` one passes model-signing's Python
 API, which reads the hash from the manifest, and is refused by the CLI
-(1.1.1), which always hashes sha256: the README says so.
+(1.1.1), which always hashes sha256: the README says so. A file signed in that
+nothing in ``state.json`` claims passes model-signing (the signature is sound)
+and is refused by ``recovery verify`` (exit 7).
 """
 
 from __future__ import annotations
 
+import hashlib
 import json
 import subprocess
 import sys
@@ -21,6 +24,7 @@ from torch import nn
 import recovery
 from recovery.format.layout import step_dir_name
 from tests import launcher
+from tests.conftest import resign
 
 pytestmark = pytest.mark.integration
 
@@ -99,3 +103,45 @@ def test_the_api_verifies_a_blake3_checkpoint_and_the_cli_refuses_it(tmp_path, s
         api_verify(final, pub)
     damaged = launcher.run([*cmd, "--trusted", str(pub)], capture_output=True, text=True)
     assert damaged.returncode != 0 and "expected blake3" in damaged.stdout + damaged.stderr
+
+
+def sign_in(final: Path, signer, name: str, data: bytes) -> None:
+    """Add ``name`` to ``final`` and sign the directory again with ``signer``, properly: a
+    key holder's (or a broken tool's) addition that only a check of what the files mean
+    can catch."""
+    (final / name).parent.mkdir(parents=True, exist_ok=True)
+    (final / name).write_bytes(data)
+
+    def edit(st):
+        resources = st["predicate"]["resources"]
+        resources.append(
+            {"name": name, "algorithm": "sha256", "digest": hashlib.sha256(data).hexdigest()}
+        )
+        resources.sort(key=lambda r: r["name"])
+        st["predicate"]["recovery"]["sizes"][name] = len(data)
+
+    resign(final, signer, edit)
+
+
+@pytest.mark.parametrize(
+    "extra",
+    [
+        "notes.safetensors",  # no component of that name
+        "model-00009-of-00009.safetensors",  # a shard the model's index does not name
+        "ranks/rank-00000.json",  # a distributed checkpoint's file in a single-process one
+        "program.pt2",  # an inference artifact's role in a training checkpoint
+    ],
+)
+def test_a_signed_file_nothing_claims_is_refused_with_exit_7(tmp_path, signer, trust, extra):
+    final = checkpoint(tmp_path, signer, trust)
+    sign_in(final, signer, extra, (final / "rng.safetensors").read_bytes())
+    pub = public_key(tmp_path, signer)
+    if extra == "notes.safetensors":  # the signature is sound: model-signing accepts it
+        ok = cli_verify(final, pub)
+        assert ok.returncode == 0, ok.stdout + ok.stderr
+    cmd = [str(Path(sys.executable).with_name("recovery")), "verify", str(final)]
+    out = launcher.run([*cmd, "--trusted", str(pub)], capture_output=True, text=True)
+    assert out.returncode == 7 and out.stdout == "", out.stdout + out.stderr
+    (line,) = out.stderr.strip().splitlines()
+    assert line.startswith(f"error: {final}: its signed manifest lists ['{extra}'], which no ")
+    assert "expected only state.json" in line and "Traceback" not in out.stderr

@@ -264,7 +264,29 @@ def test_plan_table(capsys):
     assert cli.main(["plan", "--cost", "60s", "--mtbf", "24h"]) == 0
     text = capsys.readouterr().out
     assert "53.7m" in text and text.count("<- optimum") == 1
-    assert cli.main(["plan", "--cost", "soon", "--mtbf", "24h"]) == 12
+
+
+@pytest.mark.parametrize(
+    ("argv", "option", "value"),
+    [
+        (["--cost", "abc", "--mtbf", "24h"], "--cost", "'abc'"),
+        (["--cost", "60s", "--mtbf", "soon"], "--mtbf", "'soon'"),
+        (["--cost=0s", "--mtbf", "24h"], "--cost", "positive"),
+        (["--cost", "60s", "--mtbf", "24h", "--intervals", "5m,1x"], "--intervals", "'1x'"),
+    ],
+)
+def test_a_bad_plan_value_is_a_bad_command_line(argv, option, value):
+    """Exit 2 and argparse's usage error, as for any bad argument; 12 is for a bad config."""
+    import sys
+    from pathlib import Path
+
+    exe = Path(sys.executable).parent / "recovery"
+    done = launcher.run([str(exe), "plan", *argv], capture_output=True, text=True, timeout=60)
+    assert done.returncode == 2 and done.stdout == "", done.stderr
+    assert done.stderr.startswith("usage: recovery plan") and "Traceback" not in done.stderr
+    last = done.stderr.strip().splitlines()[-1]
+    assert last.startswith(f"recovery plan: error: argument {option}: expected a")
+    assert value in last
 
 
 @pytest.mark.parametrize(
@@ -274,7 +296,6 @@ def test_plan_table(capsys):
         (["keygen", "--out", "{file}/sub"], 20, "is not writable"),
         (["sync", "{tmp}/nowhere"], 3, "no such run directory"),
         (["verify", "{tmp}", "--trusted", "{tmp}/no-such.pub"], 12, "--trusted"),
-        (["plan", "--cost", "abc", "--mtbf", "24h"], 12, "abc"),
     ],
 )
 def test_bad_input_gets_one_line_and_its_code(tmp_path, capsys, argv, code, names):
