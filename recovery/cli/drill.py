@@ -17,9 +17,9 @@ from pathlib import Path
 from typing import Any
 
 from recovery import errors
-from recovery.cli.common import add_trust_flags, emit, trust_of
+from recovery.cli.common import add_trust_flags, duration, emit, trust_of
 from recovery.cli.overrides import compose
-from recovery.config import CheckpointConfig, DrillConfig, TrainConfig, parse_duration, typed
+from recovery.config import CheckpointConfig, DrillConfig, TrainConfig, typed
 from recovery.tools import drill
 from recovery.tools.drill import command as drill_command
 from recovery.tools.drill.verdict import Report
@@ -37,13 +37,6 @@ def command_of(positionals: list[str]) -> list[str] | None:
     if any(drill_command.RUN_DIR in p for p in positionals) or not _OVERRIDE.match(positionals[0]):
         return positionals
     return None
-
-
-def _timeout(args: argparse.Namespace) -> float:
-    try:
-        return parse_duration(args.timeout)
-    except ValueError as err:
-        raise errors.ConfigError(f"drill --timeout: {err}") from None
 
 
 def _usage(message: str) -> int:
@@ -96,7 +89,7 @@ def _drill_command(args: argparse.Namespace, command: list[str]) -> int:
         flag = "--dvc" if args.dvc else "--script"
         return _usage(f"drill {flag}: only for the project's train.py, not with a command")
     out = Path(args.out or f".recovery/drills/{time.strftime('%Y%m%d-%H%M%S')}")
-    plan = drill_command.CommandPlan(command=command, out=out, timeout_s=_timeout(args))
+    plan = drill_command.CommandPlan(command=command, out=out, timeout_s=args.timeout)
     report = drill_command.run(
         plan,
         kills=args.kills,
@@ -143,7 +136,7 @@ def cmd_drill(args: argparse.Namespace) -> int:
         keep_every=ck.keep_every,
         keep_best=ck.keep_best,
         full_every=ck.differential.full_every if ck.differential.enabled else 0,
-        timeout_s=_timeout(args),
+        timeout_s=args.timeout,
     )
     report = drill.run(
         plan,
@@ -174,6 +167,7 @@ def register(sub: Any) -> None:
     p.add_argument("--script", help="the Hydra training script (default train.py)")
     p.add_argument(
         "--timeout",
+        type=duration,
         default="30m",
         help="the longest one run of the drilled program may take (default 30m; e.g. 90s)",
     )

@@ -13,10 +13,8 @@ import sys
 from pathlib import Path
 from typing import Any
 
-from recovery import errors
 from recovery.cli.codes import exit_code
-from recovery.cli.common import add_trust_flags, emit, trust_of
-from recovery.config import parse_duration
+from recovery.cli.common import add_trust_flags, duration, emit, trust_of
 from recovery.tools import report
 
 
@@ -28,10 +26,7 @@ def default_out(run_dir: Path) -> Path:
 
 def cmd_report(args: argparse.Namespace) -> int:
     run_dir = Path(args.run_dir)
-    try:
-        mtbf = parse_duration(args.mtbf) if args.mtbf else None
-    except ValueError as err:
-        raise errors.ConfigError(f"report --mtbf: {err}") from None
+    mtbf = args.mtbf
     built = report.build(
         run_dir,
         trust_of(args),
@@ -82,7 +77,9 @@ def register(sub: Any) -> None:
         metavar="PATH",
         help="an artifact made from this run (recovery export) to add to the lineage (repeatable)",
     )
-    p.add_argument("--mtbf", help="mean time between failures for the interval arithmetic (24h)")
+    p.add_argument(
+        "--mtbf", type=duration, help="mean time between failures for the interval arithmetic (24h)"
+    )
     p.add_argument(
         "--root", help="checkpoint root to find ancestors in (default: above the run dir)"
     )

@@ -7,8 +7,7 @@ from pathlib import Path
 from typing import Any
 
 from recovery import errors
-from recovery.cli.common import emit
-from recovery.config import parse_duration
+from recovery.cli.common import duration, emit
 from recovery.format.layout import scan
 from recovery.storage import tracking
 
@@ -34,7 +33,7 @@ def cmd_sync(args: argparse.Namespace) -> int:
     publisher = tracking.Publisher(root, push=args.push, remote=args.remote)
     for path in todo:
         publisher.submit(path)
-    done = publisher.close(parse_duration(args.timeout))
+    done = publisher.close(args.timeout)
     after = tracking.status(run_dir)
     left = [
         p.name
@@ -68,5 +67,7 @@ def register(sub: Any) -> None:
     p.add_argument("run_dir")
     p.add_argument("--push", action="store_true", help="also push to the remote")
     p.add_argument("--remote", default=None, help="DVC remote name (default: the default remote)")
-    p.add_argument("--timeout", default="10m", help="give up after this long (e.g. 90s, 10m)")
+    p.add_argument(
+        "--timeout", type=duration, default="10m", help="give up after this long (e.g. 90s, 10m)"
+    )
     p.set_defaults(func=cmd_sync)

@@ -49,7 +49,7 @@ from recovery.format.layout import (
     trash_dir_for,
 )
 from recovery.format.manifest import FileRecord, Manifest
-from recovery.integrity import lock, nofollow
+from recovery.integrity import full, lock, nofollow
 from recovery.integrity.reaping import Reaper
 from recovery.integrity.signing import Signer
 from recovery.progress import bytes_bar
@@ -233,6 +233,8 @@ def commit(
     except OSError as err:
         if tmp is not None:
             shutil.rmtree(tmp, ignore_errors=True)
+        if (no_room := full.cause(err)) is not None:
+            raise full.refused(no_room, final.parent) from err
         if not final.parent.is_dir():
             raise StorageError(
                 f"{final.parent}: the run directory is gone (deleted while the run was writing "

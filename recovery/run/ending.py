@@ -14,6 +14,7 @@ level without a with-block gets the same from :meth:`Ending.exit_on_error`.
 from __future__ import annotations
 
 import atexit
+import contextlib
 import logging
 import os
 import sys
@@ -97,14 +98,20 @@ class Ending(Restoring):
         if self._closed:  # once: a with-block closes what an explicit close() closed
             return
         self._closed = True
+        failed = True
         try:
             self.pause_s += self._saver.close()
+            failed = False
         finally:
             self._reaper.close()  # retired directories fully deleted before the run ends
             self._release()
             if self.publisher is not None:
                 self.publisher.close(parse_duration(self.cfg.dvc.close_timeout))
-            self._event(self.cadence.summary(time.perf_counter() - self._created, self.pause_s))
+            summary = self.cadence.summary(time.perf_counter() - self._created, self.pause_s)
+            # the saver's error is the run's: a summary the same full disk refuses must not
+            # replace it
+            with contextlib.suppress(*((RecoveryError, OSError) if failed else ())):
+                self._event(summary)
             if self._owned[0]:
                 self.journal.close()
 

@@ -35,7 +35,7 @@ from pathlib import Path
 from typing import IO, Any, Protocol
 
 from recovery.format import bounded
-from recovery.integrity import nofollow, seal
+from recovery.integrity import full, nofollow, seal
 from recovery.integrity.signing import Signer, TrustStore
 
 log = logging.getLogger(__name__)
@@ -122,11 +122,16 @@ class Journal:
             record = {**record, **{k: v for k, v in extra.items() if k not in record}}
         if self.path is not None:
             with self._lock:
-                if self._fh is None:
-                    self._fh = self._open(self.path)
-                line = json.dumps(self._sealed(record), separators=(",", ":")) + "\n"
-                self._fh.write(line)
-                self._fh.flush()
+                try:
+                    if self._fh is None:
+                        self._fh = self._open(self.path)
+                    line = json.dumps(self._sealed(record), separators=(",", ":")) + "\n"
+                    self._fh.write(line)
+                    self._fh.flush()
+                except OSError as err:
+                    if (no_room := full.cause(err)) is None:
+                        raise
+                    raise full.refused(no_room, self.path.parent) from err
         for watcher in watchers:
             watcher.observed(record)
 

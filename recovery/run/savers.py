@@ -20,6 +20,7 @@ from typing import Any
 
 from recovery.errors import StorageError
 from recovery.format.manifest import FileRecord, Manifest
+from recovery.integrity import full
 from recovery.integrity.signing import Signer
 from recovery.parallel import multirank, sharded
 from recovery.parallel import world as distributed
@@ -30,7 +31,6 @@ from recovery.run.job import SaveJob, Tensors, split
 from recovery.run.staging import Staging
 from recovery.run.writer import BackgroundWriter
 from recovery.state.registry import TrainState
-from recovery.storage import full
 
 
 @dataclass(frozen=True)
@@ -77,7 +77,7 @@ class Inline:
 
         Raises:
             PurposeError, CommitError: nothing was committed; earlier checkpoints are intact.
-            StorageError: the disk is full (:func:`recovery.storage.full.refused`).
+            StorageError: the disk is full (:func:`recovery.integrity.full.refused`).
         """
         return self.write_tree(job, state.state_dict(), waited=waited)
 
@@ -106,7 +106,7 @@ class Inline:
             self.committed(job, mf, cost)
         except Exception as err:
             # a full disk met by the commit or by what follows it (the journal's record): one
-            # error, whichever it was and on whichever thread (recovery.storage.full)
+            # error, whichever it was and on whichever thread (recovery.integrity.full)
             no_room = full.cause(err)
             if no_room is None or isinstance(err, StorageError):
                 raise

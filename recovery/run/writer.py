@@ -17,7 +17,12 @@ from collections.abc import Callable
 from concurrent.futures import Future, ThreadPoolExecutor
 from pathlib import Path
 
-from recovery.errors import CommitError, StorageError
+from recovery.errors import CommitError, RunDirLockedError, StorageError, UnsafePathError
+
+OWN_CODE = (StorageError, RunDirLockedError, UnsafePathError)
+"""Errors a background save re-raises as they are: each names its cause with its own exit
+code (a full disk, a lock that no longer guards the run, a planted symlink), which a
+CommitError around them would hide."""
 
 log = logging.getLogger(__name__)
 
@@ -49,12 +54,13 @@ class BackgroundWriter:
     def raise_if_failed(self) -> None:
         """Raise the error of a finished background save, once: a
         :class:`~recovery.errors.StorageError` as it is (a full disk says the same whichever
-        thread met it, :mod:`recovery.storage.full`), any other wrapped in a CommitError."""
+        thread met it, :mod:`recovery.integrity.full`) and the others of :data:`OWN_CODE` as
+        they are, any other wrapped in a CommitError."""
         job = self._pending
         if job is not None and job.done():
             self._pending = None
             err = job.exception()
-            if isinstance(err, StorageError):  # the storage itself: its own code and words
+            if isinstance(err, OWN_CODE):  # its own code and words, whichever thread met it
                 raise err
             if err is not None:
                 said = str(err).rstrip(".")

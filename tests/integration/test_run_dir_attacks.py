@@ -156,9 +156,12 @@ def test_deleting_or_replacing_the_lock_file_lets_no_second_writer_in(
     assert_same_run(reference, run_dir, trust)  # one writer, one history
 
 
-def test_a_writer_whose_run_directory_is_replaced_stops_before_its_next_commit(trainer, tmp_path):
+@pytest.mark.parametrize("mode", ["sync", "async"])
+def test_a_writer_whose_run_directory_is_replaced_stops_before_its_next_commit(
+    trainer, tmp_path, mode
+):
     root = tmp_path / "moved"
-    a, release = trainer.paused(root, "step-10")
+    a, release = trainer.paused(root, "step-10", f"checkpoint.async={mode == 'async'}")
     run_dir = root / "r"
     run_dir.rename(root / "r.moved")
     run_dir.mkdir()  # another directory under the run's name, as a second writer would make

@@ -25,9 +25,8 @@ import pytest
 from recipes.data import META_FILE
 from recovery import faults
 from recovery.format.layout import METRICS_FILE, parse_step, step_dir_name
-from recovery.integrity import reader
+from recovery.integrity import full, reader
 from recovery.integrity.trust import KEY_ENV
-from recovery.storage import full
 from tests import launcher
 from tests.integration.conftest import SMALL, TRAIN
 

@@ -267,6 +267,21 @@ def test_plan_table(capsys):
 
 
 @pytest.mark.parametrize(
+    ("argv", "option"),
+    [
+        (["drill", "--timeout", "abc", "--", "python", "x.py"], "--timeout"),
+        (["report", "run", "--mtbf", "soon"], "--mtbf"),
+        (["sync", "run", "--timeout", "abc"], "--timeout"),
+    ],
+)
+def test_every_bad_duration_is_a_usage_error(argv, option, capsys):
+    with pytest.raises(SystemExit) as exit_:
+        cli.main(argv)
+    err = capsys.readouterr().err
+    assert exit_.value.code == 2 and f"error: argument {option}: expected a" in err, err
+
+
+@pytest.mark.parametrize(
     ("argv", "option", "value"),
     [
         (["--cost", "abc", "--mtbf", "24h"], "--cost", "'abc'"),

@@ -11,9 +11,8 @@ import pytest
 
 from recovery.errors import CommitError, StorageError
 from recovery.exitcodes import exit_code
-from recovery.integrity import commit
+from recovery.integrity import commit, full
 from recovery.run import retention
-from recovery.storage import full
 from tests.conftest import tiny_state, train_steps
 from tests.unit.test_async import make
 
