@@ -16,7 +16,7 @@ EXIT_CODES: list[tuple[type[BaseException], int, str]] = [
     (errors.ManifestError, 4, "manifest missing or malformed (uncommitted or damaged)"),
     (errors.UnsafePathError, 5, "unsafe path or symlink (read, or where a writer writes)"),
     (errors.MissingFileError, 6, "a listed file is missing"),
-    (errors.ExtraFileError, 7, "an unlisted file is present"),
+    (errors.ExtraFileError, 7, "an unlisted or unclaimed file is present"),
     (errors.TruncatedFileError, 8, "a file has the wrong size"),
     (errors.DigestMismatchError, 9, "a file's sha256 does not match"),
     (errors.UnreadableFileError, 27, "a checkpoint file cannot be read (permissions, I/O)"),

@@ -40,7 +40,14 @@ from recovery.errors import FormatError
 from recovery.format import rebuilds, zipread
 from recovery.format.rebuilds import global_name
 from recovery.format.tensorfile import DTYPES
-from recovery.format.zipread import ADVICE
+from recovery.format.zipread import ADVICE, MAX_PICKLE
+
+MAX_OPS = 5_000_000
+"""Most opcodes in one pickle (~30 per tensor: 150,000 tensors). Each may grow the loader's
+stack, so the bound, with :data:`MAX_MEMO`, keeps the scan's and ``torch.load``'s memory
+near the pickle's size."""
+MAX_MEMO = 1_000_000
+"""Most memoized values in one pickle (a few per tensor)."""
 
 LEGACY_MAGIC = 0x1950A86A20F9469CFC6C
 """``torch.serialization.MAGIC_NUMBER``: the first pickle of a legacy ``torch.save`` file."""
@@ -91,10 +98,13 @@ def _one(data: bytes | io.BytesIO, *, name: str) -> list[Any]:
         FormatError: a global outside :data:`ALLOWED`, an extension-registry reference,
             or bytes that are not a whole pickle.
     """
-    memo: dict[int, Any] = {}
-    recent: list[Any] = []  # values pushed by the latest run of push ops, newest last
-    ints: list[Any] = []
+    memo: dict[int, str] = {}  # the slots known to hold a string (others hold _UNKNOWN)
+    slots = ops = 0  # memo slots filled, opcodes read: both bounded (the loader's memo and
+    # stack grow with them, and so would this scan's own memory)
+    recent: list[Any] = []  # values pushed by the latest run of push ops (the last two)
+    ints: list[Any] = []  # the first two integers (the legacy format's magic number)
     texts: list[str] = []  # the latest strings seen: where in the data a refusal is
+    start: int | None = None
 
     def refuse(found: str, pos: int, *, names: int = 0) -> FormatError:
         before = texts[: len(texts) - names][-1:]
@@ -107,6 +117,14 @@ def _one(data: bytes | io.BytesIO, *, name: str) -> list[Any]:
     try:
         for op, arg, pos in pickletools.genops(data):
             pos = pos or 0
+            start = pos if start is None else start
+            ops += 1
+            if ops > MAX_OPS or pos - start > MAX_PICKLE:
+                raise refuse(
+                    f"more than {MAX_OPS} opcodes or {MAX_PICKLE >> 20} MiB of pickle (a "
+                    "state dict's pickle is ~30 opcodes and ~100 bytes a tensor)",
+                    pos,
+                )
             if op.name in ("GLOBAL", "INST"):
                 module, _, attr = str(arg).partition(" ")
                 target = global_name(module, attr)
@@ -125,19 +143,26 @@ def _one(data: bytes | io.BytesIO, *, name: str) -> list[Any]:
                 raise refuse("an extension-registry reference (copyreg)", pos)
             elif op.name in _STRINGS:
                 text = arg.decode("latin-1") if isinstance(arg, bytes) else str(arg)
-                recent.append(text)
+                recent = [*recent[-1:], text]
                 texts = [*texts[-2:], text[:40]]
             elif op.name in _PUTS:  # stores the top of the stack; the stack is unchanged
-                slot = len(memo) if op.name == "MEMOIZE" else int(str(arg))
-                memo[slot] = recent[-1] if recent else _UNKNOWN
+                slot = slots if op.name == "MEMOIZE" else int(str(arg))
+                slots += 1
+                if slots > MAX_MEMO:
+                    raise refuse(f"more than {MAX_MEMO} memoized values", pos)
+                top = recent[-1] if recent else _UNKNOWN
+                if isinstance(top, str):
+                    memo[slot] = top
+                else:
+                    memo.pop(slot, None)
             elif op.name in _GETS:
-                recent.append(memo.get(int(str(arg)), _UNKNOWN))
+                recent = [*recent[-1:], memo.get(int(str(arg)), _UNKNOWN)]
             elif op.name == "STOP":
                 return ints
             elif op.name in ("FRAME", "PROTO"):  # framing and the header: no stack effect
                 continue
             else:
-                if op.name in _INTS:
+                if op.name in _INTS and len(ints) < 2:
                     ints.append(arg)
                 recent = [_UNKNOWN]  # anything else: the scan no longer knows the stack top
     except FormatError:

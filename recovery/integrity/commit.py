@@ -190,7 +190,7 @@ def commit(
         if tmp is None:
             tmp = temp_dir_for(final)
             tmp.mkdir()
-        made = nofollow.Made(tmp)
+        made = nofollow.Made.take(tmp)
         records = [
             item
             if isinstance(item, FileRecord)
@@ -233,6 +233,7 @@ def commit(
     except OSError as err:
         if tmp is not None:
             shutil.rmtree(tmp, ignore_errors=True)
+        lock.check_held(final.parent)  # the run directory replaced mid-write: say that
         if (no_room := full.cause(err)) is not None:
             raise full.refused(no_room, final.parent) from err
         if not final.parent.is_dir():

@@ -47,7 +47,8 @@ import time
 import weakref
 from pathlib import Path
 
-from recovery.errors import RunDirLockedError, UnsafePathError
+from recovery.errors import RunDirLockedError
+from recovery.integrity import nofollow
 
 log = logging.getLogger(__name__)
 
@@ -74,19 +75,21 @@ os.register_at_fork(after_in_child=_drop_in_child)
 
 
 def _open_holder_file(dir_fd: int, run_dir: Path) -> int:
+    path = run_dir / LOCK_FILE
+    flags = os.O_RDWR | os.O_CREAT | os.O_NOFOLLOW | os.O_CLOEXEC | os.O_NONBLOCK
     try:
-        return os.open(
-            LOCK_FILE, os.O_RDWR | os.O_CREAT | os.O_NOFOLLOW | os.O_CLOEXEC, 0o644, dir_fd=dir_fd
-        )
+        fd = os.open(LOCK_FILE, flags, 0o644, dir_fd=dir_fd)
     except OSError as err:
         if err.errno != errno.ELOOP:
             raise
-        raise UnsafePathError(
-            f"{run_dir / LOCK_FILE}: expected the writer's lock file, found a symlink (to "
-            f"{os.readlink(LOCK_FILE, dir_fd=dir_fd)!r}); a writer never writes through a "
-            "link it did not make. Remove the link and start again",
-            path=run_dir / LOCK_FILE,
-        ) from err
+        nofollow.refuse_link(path, "the writer's lock file")
+        raise
+    try:
+        nofollow.plain_file(fd, path, "the writer's lock file")
+    except BaseException:
+        os.close(fd)
+        raise
+    return fd
 
 
 def _identity(st: os.stat_result) -> tuple[int, int]:
@@ -212,14 +215,17 @@ class RunLock:
 
 def check_held(path: Path) -> None:
     """Before a commit into ``path``: every lock this process holds on a directory that
-    contains ``path`` still guards it (:meth:`RunLock.check`).
+    contains ``path`` still guards it (:meth:`RunLock.check`), and no directory between
+    that run directory and ``path`` (``warm_start/``, ``best/``) is a symlink.
 
     Raises:
         RunDirLockedError: a lock no longer guards its run directory.
+        UnsafePathError: a symlink on the way.
     """
     for lock in list(_HELD):
         if lock._dir_fd is not None and (path == lock.run_dir or lock.run_dir in path.parents):
             lock.check()
+            nofollow.refuse_links(lock.run_dir, path, "a directory of the run")
 
 
 def _read(fd: int) -> str:

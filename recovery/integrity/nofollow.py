@@ -85,14 +85,41 @@ def open_append(path: Path, what: str) -> IO[str]:
     Raises:
         UnsafePathError: ``path`` is a symlink.
     """
-    flags = os.O_RDWR | os.O_APPEND | os.O_CREAT | os.O_NOFOLLOW | os.O_CLOEXEC
+    flags = os.O_RDWR | os.O_APPEND | os.O_CREAT | os.O_NOFOLLOW | os.O_CLOEXEC | os.O_NONBLOCK
     try:
         fd = os.open(path, flags, 0o644)
     except OSError as err:
         if err.errno == errno.ELOOP:
             raise _refusal(path, what) from err
         raise
+    try:
+        plain_file(fd, path, what)
+        os.set_blocking(fd, True)
+    except BaseException:
+        os.close(fd)
+        raise
     return os.fdopen(fd, "a", encoding="utf-8")
+
+
+def plain_file(fd: int, path: Path, what: str) -> None:
+    """Refuse an opened ``path`` that is not a regular file with one name: a FIFO would hang
+    the writer, a device or a second hard link would take its writes elsewhere.
+
+    Raises:
+        UnsafePathError: naming what was found.
+    """
+    st = os.fstat(fd)
+    if not stat.S_ISREG(st.st_mode) or st.st_nlink > 1:
+        found = (
+            "a regular file with other names (a hard link)"
+            if stat.S_ISREG(st.st_mode)
+            else ("no regular file (a FIFO, socket or device)")
+        )
+        raise UnsafePathError(
+            f"{path}: expected {what}, found {found}; a writer writes only its own files. "
+            "Remove it, then requeue with +resume=latest",
+            path=path,
+        )
 
 
 def _walk(anchor: Path, rel: Path, *, create: bool) -> int:
@@ -141,14 +168,44 @@ def rename(anchor: Path, src: Path, dst: Path) -> None:
         os.close(src_fd)
 
 
+_MADE: dict[Path, Made] = {}
+
+
 class Made:
     """A directory this writer just created, recognised later by its inode: a name that now
     names anything else (a symlink swapped in) is refused."""
 
     def __init__(self, path: Path) -> None:
         st = os.lstat(path)
+        if not stat.S_ISDIR(st.st_mode):
+            raise (
+                _refusal(path, "the temp directory this writer made")
+                if stat.S_ISLNK(st.st_mode)
+                else UnsafePathError(
+                    f"{path}: expected the temp directory this writer made, found no directory; "
+                    "nothing was committed",
+                    path=path,
+                )
+            )
         self.path = path
         self._id = (st.st_dev, st.st_ino)
+
+    @classmethod
+    def register(cls, path: Path) -> Made:
+        """Recognise ``path``, made just now, when :meth:`take` is asked for it later (a
+        distributed save's temp directory exists long before its commit)."""
+        made = _MADE[path] = cls(path)
+        return made
+
+    @classmethod
+    def forget(cls, path: Path) -> None:
+        """Drop what :meth:`register` recorded for ``path`` (a save abandoned before its commit)."""
+        _MADE.pop(path, None)
+
+    @classmethod
+    def take(cls, path: Path) -> Made:
+        """The directory registered for ``path``, or ``path`` recognised now (made just now)."""
+        return _MADE.pop(path, None) or cls(path)
 
     def check(self) -> None:
         """Raises:
@@ -166,3 +223,54 @@ class Made:
                 "directory, then requeue with +resume=latest",
                 path=self.path,
             )
+
+
+def copy_tree(source: Path, dest_parent: Path, name: str) -> None:
+    """Copy the directory ``source`` (files and subdirectories; a symlink in it is refused)
+    to the new directory ``dest_parent/name``: every directory and file created through a
+    descriptor of its parent, never following a link, each file new (``O_EXCL``), mode
+    0644 and fsynced. ``dest_parent`` is opened without following a link.
+
+    Raises:
+        UnsafePathError: a symlink in ``source`` or at ``dest_parent``.
+    """
+    try:
+        parent = os.open(dest_parent, _DIR_FLAGS)
+    except OSError as err:
+        if err.errno in (errno.ELOOP, errno.ENOTDIR):
+            raise _refusal(dest_parent, "a directory of the run") from err
+        raise
+    try:
+        os.mkdir(name, 0o755, dir_fd=parent)
+        _copy_into(source, os.open(name, _DIR_FLAGS, dir_fd=parent))
+        os.fsync(parent)
+    finally:
+        os.close(parent)
+
+
+def _copy_into(source: Path, fd: int) -> None:
+    try:
+        for entry in sorted(os.scandir(source), key=lambda e: e.name):
+            if entry.is_symlink():
+                raise _refusal(Path(entry.path), "a file of a checkpoint")
+            if entry.is_dir(follow_symlinks=False):
+                os.mkdir(entry.name, 0o755, dir_fd=fd)
+                _copy_into(Path(entry.path), os.open(entry.name, _DIR_FLAGS, dir_fd=fd))
+                continue
+            src = os.open(entry.path, os.O_RDONLY | os.O_NOFOLLOW | os.O_CLOEXEC)
+            try:
+                flags = os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW | os.O_CLOEXEC
+                dst = os.open(entry.name, flags, 0o644, dir_fd=fd)
+                try:
+                    size = os.fstat(src).st_size
+                    done = 0
+                    while done < size:
+                        done += os.sendfile(dst, src, done, size - done) or size
+                    os.fsync(dst)
+                finally:
+                    os.close(dst)
+            finally:
+                os.close(src)
+        os.fsync(fd)
+    finally:
+        os.close(fd)

@@ -20,9 +20,12 @@ with a trusted key *and* its ``prev`` is the link of the last event it obeyed;
 anything else (unsigned, signed by another key, altered, out of the chain) is
 returned as :class:`Refused`, for the caller to warn loudly about and ignore.
 Ignoring is the safe direction for every event but ``checkpoint``: forgetting
-a commit weakens rollback detection, which the refusal's warning says. The
-next writer chains onto the last obeyed event, so one refused line does not
-poison the events written after it.
+a commit would hide a rollback. So a ``checkpoint`` event whose signature
+verifies but whose chain was broken (one altered byte earlier makes every
+later event unchained) still counts as a commit of its run (:attr:`Checked.stray`;
+the events carry the run id); it never loosens anything. The next writer
+chains onto the last obeyed event, so one refused line does not poison the
+events written after it.
 
 Rejected: chaining the events into the next checkpoint's signed statement
 instead (no signature per event). The events matter exactly when the newest
@@ -50,14 +53,20 @@ STEERING = frozenset({"start", "warm_start", "resume", "checkpoint", "retired", 
 """Events whose content a resume acts on."""
 PREV = "prev"
 AUTH = "auth"
+UNCHAINED = (
+    "not chained to the signed event before it (an event was removed, altered or reordered, "
+    "or this one was copied from another journal)"
+)
 DOMAIN = b"recovery journal event v1\n"
 """Prefixed to what is signed, so an event's signature is never a valid signature of
 anything else this key signs (statements are signed over DSSE's own encoding)."""
 
 
 def steers(record: dict[str, Any]) -> bool:
-    """Whether a resume acts on ``record`` (so it must be sealed)."""
-    return record.get("event") in STEERING
+    """Whether a resume acts on ``record`` (so it must be sealed). Any record a writer did
+    not write may hold anything under ``event`` (a list is not hashable)."""
+    event = record.get("event")
+    return isinstance(event, str) and event in STEERING
 
 
 def _canonical(record: dict[str, Any]) -> bytes:
@@ -98,6 +107,10 @@ class Checked:
     tip: str
     """The link of the last obeyed steering event (``""``: none): where the next one chains."""
     refused: list[Refused]
+    stray: list[dict[str, Any]]
+    """Refused events whose signature verifies but which are out of the chain: not obeyed,
+    but a caller may count what only makes it *more* cautious (a commit the run recorded:
+    breaking the chain must not hide a rollback)."""
 
 
 def _why_not(record: dict[str, Any], tip: str, trust: TrustStore) -> str | None:
@@ -114,10 +127,7 @@ def _why_not(record: dict[str, Any], tip: str, trust: TrustStore) -> str | None:
     if not trust.verifies(kid, DOMAIN + _canonical(body), sig):
         return "its signature does not verify (the event was altered)"
     if record.get(PREV) != tip:
-        return (
-            "not chained to the signed event before it (an event was removed or reordered, "
-            "or this one was copied from another journal)"
-        )
+        return UNCHAINED
     return None
 
 
@@ -126,13 +136,16 @@ def check(numbered: Iterable[tuple[int, dict[str, Any]]], trust: TrustStore) -> 
     by a key in ``trust`` and chained to the last one obeyed."""
     obeyed: list[dict[str, Any]] = []
     refused: list[Refused] = []
+    stray: list[dict[str, Any]] = []
     tip = ""
     for line, record in numbered:
         if steers(record):
             why = _why_not(record, tip, trust)
             if why is not None:
                 refused.append(Refused(line, str(record.get("event")), why))
+                if why == UNCHAINED:
+                    stray.append(record)
                 continue
             tip = link(record)
         obeyed.append(record)
-    return Checked(obeyed, tip, refused)
+    return Checked(obeyed, tip, refused, stray)

@@ -42,6 +42,7 @@ from recovery import faults
 from recovery.errors import CommitError, ConfigError, RecoveryError
 from recovery.format.layout import DCP_DIR, DISTRIBUTED, temp_dir_for
 from recovery.format.manifest import FileRecord
+from recovery.integrity import nofollow
 from recovery.parallel import sharded
 from recovery.parallel.collectives import WORLD, Collectives
 
@@ -145,6 +146,7 @@ def write_parts(
     try:
         if world.leader:
             tmp.mkdir()
+            nofollow.Made.register(tmp)  # the commit checks it is still this directory
     except OSError as err:
         failure = err
     _agree(
@@ -240,6 +242,7 @@ def announce(
 
 def _abandon(tmp: Path, world: World) -> None:
     if world.leader:
+        nofollow.Made.forget(tmp)
         shutil.rmtree(tmp, ignore_errors=True)
 
 

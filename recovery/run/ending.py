@@ -68,7 +68,10 @@ class Ending(Restoring):
             self.cadence.measured(cost_s=cost.pause_s, persist_s=cost.write_s)
             if retired:  # so a later resume knows these are gone on purpose (run.history)
                 self._event({"event": "retired", "steps": retired})
-            self._event(cost.event(job.step, sum(r.size for r in mf.files)))
+            # the run id binds a commit to its run when the chain around it is broken
+            self._event(
+                {**cost.event(job.step, sum(r.size for r in mf.files)), "run_id": self.run_id}
+            )
         if self.publisher is not None:
             self.publisher.submit(job.final)
         log.info("%s %s committed (%.3fs)", job.purpose, job.final, cost.write_s)

@@ -17,7 +17,7 @@ from __future__ import annotations
 import logging
 import re
 from collections.abc import Iterable
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import Any
 
@@ -89,16 +89,14 @@ _WARNED: set[tuple[str, int]] = set()
 that falls back past a damaged checkpoint reads the journal again."""
 
 
-def read(path: Path, trust: TrustStore | None = None) -> History:
-    """The history in the journal at ``path`` (empty when there is none).
-
-    With ``trust`` (a writer about to act on it), steering events that are not sealed
-    by a key in ``trust`` and chained are ignored, each named in one warning.
+def read(path: Path, trust: TrustStore) -> History:
+    """The history in the journal at ``path`` (empty when there is none), as a writer about
+    to act on it reads it: steering events that are not sealed by a key in ``trust`` and
+    chained are ignored, each named in one warning (a sealed commit cut out of the chain
+    still counts as a commit of its run).
     """
     if not path.is_file():
         return History()
-    if trust is None:
-        return from_records(journal.read(path))
     checked = seal.check(journal.read_numbered(path), trust)
     new = [r for r in checked.refused if (str(path), r.line) not in _WARNED]
     if new:
@@ -115,7 +113,19 @@ def read(path: Path, trust: TrustStore | None = None) -> History:
             shown,
             more,
         )
-    return from_records(checked.obeyed)
+    past = from_records(checked.obeyed)
+    # a commit signed by the writer but cut out of the chain still counts: it can only make
+    # the resume more cautious (a broken chain must not hide a rollback)
+    commits = {
+        r["step"]
+        for r in checked.stray
+        if r.get("event") == "checkpoint"
+        and isinstance(r.get("step"), int)
+        and (past.run_id is None or r.get("run_id") == past.run_id)
+    }
+    if commits - past.committed:
+        past = replace(past, committed=past.committed | commits)
+    return past
 
 
 def rollback(history: History, step: int) -> str | None:

@@ -8,8 +8,6 @@ pure functions; this module applies them to the directory.
 from __future__ import annotations
 
 import logging
-import os
-import shutil
 from collections.abc import Callable
 from pathlib import Path
 from typing import Any
@@ -102,12 +100,14 @@ def tidy_best(run_dir: Path) -> list[Path]:
     removed = commit.remove_stale(best_dir)
     for mark in sorted(best_dir.glob(INCOMING + "*")):
         nofollow.refuse_link(mark, "a best copy's mark file")
-        # a delta's copy was cut short after its base was brought in: that base is no best
-        brought = best_dir / mark.read_text().strip()
-        if (
-            parse_step(brought.name) is not None
-            and not (best_dir / mark.name[len(INCOMING) :]).is_dir()
-        ):
+        # a delta's copy was cut short after its base was brought in: that base is no best.
+        # The mark names it; only a checkpoint name of best/ itself is taken from it (the
+        # file is in the run directory: anyone who can write there could write a path)
+        named = mark.read_text(errors="replace").strip()
+        brought = best_dir / named
+        if parse_step(named) is None:
+            log.warning("ignoring %s: it names %r, not a checkpoint of %s", mark, named, best_dir)
+        elif not (best_dir / mark.name[len(INCOMING) :]).is_dir():
             log.warning("removing %s: brought for a best copy that never committed", brought)
             commit.discard(brought)
             removed.append(brought)
@@ -261,18 +261,14 @@ def _copy(
     files (not links, subdirectories included), fsynced, then renamed into place. A
     kill after ``fault`` (the copy complete, not yet committed) leaves a temp directory."""
     tmp = temp_dir_for(into / source.name)
-    shutil.copytree(source, tmp, copy_function=shutil.copyfile)
-    for directory in [tmp, *(p for p in tmp.rglob("*") if p.is_dir())]:
-        for f in directory.iterdir():
-            if f.is_file():
-                f.chmod(0o644)  # committed files are read-only; the copy must be deletable later
-                commit.fsync_file(f)
-        commit.fsync_dir(directory)
+    # every file created through a descriptor of its directory, new and 0644 (committed
+    # files are read-only; the copy must be deletable later): a name swapped for a link
+    # while the copy runs takes no write elsewhere
+    nofollow.copy_tree(source, into, tmp.name)
     if fault:
         faults.reach(fault)
     # published before the old best goes: a kill in between leaves two committed, and
     # the newer (better, or it would not have been copied) is the one readers take. One
     # of that name (another branch's) goes only once the copy is complete
     commit.discard(into / source.name, reaper=reaper)
-    os.rename(tmp, into / source.name)
-    commit.fsync_dir(into)
+    nofollow.rename(into.parent, tmp, into / source.name)

@@ -48,7 +48,6 @@ CASES = [
     ("recovery verify {bad} --trusted {keys}", 16, "model.sig"),
     ("recovery verify {good}", 17, "step-00000002"),
     ("recovery audit {bad} --trusted {keys}", 16, "model.sig"),
-    ("recovery plan --cost abc --mtbf 24h", 12, "abc"),
     ("recovery keygen --out {file}", 20, "afile"),
     ("recovery sync {tmp}/nowhere", 3, "nowhere"),
     ("recovery verify {good} --trusted {tmp}/no-such.pub", 12, "no-such.pub"),

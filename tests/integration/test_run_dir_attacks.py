@@ -163,6 +163,10 @@ def test_a_writer_whose_run_directory_is_replaced_stops_before_its_next_commit(
     root = tmp_path / "moved"
     a, release = trainer.paused(root, "step-10", f"checkpoint.async={mode == 'async'}")
     run_dir = root / "r"
+    deadline = time.monotonic() + 60
+    while not (run_dir / step_dir_name(10)).is_dir():  # a background save of 10 in flight
+        assert time.monotonic() < deadline, "step 10 was never committed"
+        time.sleep(0.05)
     run_dir.rename(root / "r.moved")
     run_dir.mkdir()  # another directory under the run's name, as a second writer would make
     code, out = finish(a, release)

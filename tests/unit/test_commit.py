@@ -4,7 +4,7 @@ import threading
 
 import pytest
 
-from recovery.errors import CommitError
+from recovery.errors import CommitError, StorageError
 from recovery.format.layout import scan, step_dir_name
 from recovery.integrity import commit, reader
 from tests.conftest import commit_state, tiny_state
@@ -16,7 +16,13 @@ def test_commit_leaves_only_the_final_dir(tmp_path, signer, trust):
     reader.read_verified(tmp_path / step_dir_name(5), trust)
 
 
-def test_failed_write_keeps_previous_and_leaves_no_temp(tmp_path, monkeypatch, signer, trust):
+@pytest.mark.parametrize(
+    ("errno", "message", "error"),
+    [(5, "Input/output error", CommitError), (28, "No space left on device", StorageError)],
+)
+def test_failed_write_keeps_previous_and_leaves_no_temp(
+    tmp_path, monkeypatch, signer, trust, errno, message, error
+):
     commit_state(tmp_path, tiny_state(), 5, signer)
     before = {p.name: p.read_bytes() for p in (tmp_path / step_dir_name(5)).iterdir()}
     real = commit.write_file
@@ -25,11 +31,11 @@ def test_failed_write_keeps_previous_and_leaves_no_temp(tmp_path, monkeypatch, s
     def failing(path, data, **kw):
         calls.append(path.name)
         if len(calls) == 2:
-            raise OSError(28, "No space left on device")
+            raise OSError(errno, message)
         return real(path, data, **kw)
 
     monkeypatch.setattr(commit, "write_file", failing)
-    with pytest.raises(CommitError, match="No space left.*intact"):
+    with pytest.raises(error, match=f"{message}.*intact"):
         commit_state(tmp_path, tiny_state(), 10, signer)
     listing = scan(tmp_path)
     assert [s for s, _ in listing.committed] == [5] and listing.stale == []

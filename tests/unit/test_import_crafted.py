@@ -398,3 +398,23 @@ def test_the_file_the_user_names_may_itself_be_a_link(tmp_path, signer):
     (tmp_path / "real.pt").write_bytes(saved(WEIGHTS))
     (tmp_path / "w.pt").symlink_to(tmp_path / "real.pt")
     assert importing.import_weights(tmp_path / "w.pt", tmp_path / "o", signer=signer)
+
+
+@pytest.mark.parametrize(
+    ("body", "found"),
+    [
+        (b")\x94" * 1_000_001, "more than 1000000 memoized values"),  # ~300 MiB of memo before
+        (b")0" * 5_000_001, "more than 5000000 opcodes"),
+    ],
+)
+def test_a_pickle_past_its_bounds_is_refused_while_scanning(body, found):
+    import resource
+
+    from recovery.errors import FormatError
+    from recovery.format import pickles
+
+    data = b"\x80\x04" + body + b"."
+    rss = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss
+    with pytest.raises(FormatError, match=found):
+        pickles.scan(data, name="bomb.pt")
+    assert resource.getrusage(resource.RUSAGE_SELF).ru_maxrss - rss < 100_000  # KiB

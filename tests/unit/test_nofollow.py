@@ -137,3 +137,74 @@ def test_dvc_bookkeeping_is_never_written_through_a_link(tmp_path, decoy):
     with pytest.raises(UnsafePathError, match="expected the run's DVC tracking record"):
         tracking.record(run_dir, ckpt.name, registered=True)
     assert digest(decoy) == before
+
+
+def test_only_regular_files_of_one_name_are_appended_to(tmp_path, decoy):
+    run_dir = tmp_path / "run"
+    run_dir.mkdir()
+    os.mkfifo(run_dir / "metrics.jsonl")  # would hang the writer once its buffer filled
+    with pytest.raises(UnsafePathError, match="found no regular file"):
+        nofollow.open_append(run_dir / "metrics.jsonl", "the run's journal")
+    os.mkfifo(run_dir / LOCK_FILE)
+    with pytest.raises(UnsafePathError, match=r"\.lock: expected the writer's lock file, found no"):
+        RunLock.acquire(run_dir)
+    (run_dir / "metrics.jsonl").unlink()
+    os.link(decoy, run_dir / "metrics.jsonl")  # a second name of a file outside
+    with pytest.raises(UnsafePathError, match="a hard link"):
+        nofollow.open_append(run_dir / "metrics.jsonl", "the run's journal")
+
+
+def test_a_temp_name_that_is_no_directory_is_refused(tmp_path, decoy):
+    (tmp_path / "step-1.tmp-a").symlink_to(decoy.parent)
+    with pytest.raises(UnsafePathError, match="found a symlink"):
+        nofollow.Made(tmp_path / "step-1.tmp-a")
+    (tmp_path / "real").mkdir()
+    made = nofollow.Made.register(tmp_path / "real")
+    assert nofollow.Made.take(tmp_path / "real") is made  # registered once, taken once
+    assert nofollow.Made.take(tmp_path / "real") is not made
+
+
+def test_a_tree_copy_creates_everything_through_descriptors_and_refuses_links(tmp_path, decoy):
+    src = tmp_path / "step-00000002"
+    (src / "dcp").mkdir(parents=True)
+    (src / "model.safetensors").write_bytes(b"weights")
+    (src / "dcp" / "__0_0.distcp").write_bytes(b"shard")
+    (src / "model.safetensors").chmod(0o444)
+    best = tmp_path / "best"
+    best.mkdir()
+    nofollow.copy_tree(src, best, "copy")
+    assert (best / "copy" / "dcp" / "__0_0.distcp").read_bytes() == b"shard"
+    assert oct((best / "copy" / "model.safetensors").stat().st_mode & 0o777) == "0o644"
+    (src / "stolen").symlink_to(decoy)  # a link planted inside the checkpoint copied
+    with pytest.raises(UnsafePathError, match="stolen: expected a file of a checkpoint"):
+        nofollow.copy_tree(src, best, "copy2")
+    assert not (best / "copy2" / "stolen").exists()
+    (tmp_path / "best-link").symlink_to(decoy.parent)
+    with pytest.raises(UnsafePathError, match="best-link: expected a directory of the run"):
+        nofollow.copy_tree(src, tmp_path / "best-link", "copy")
+    assert os.listdir(decoy.parent) == ["secret.txt"]
+
+
+def test_a_best_mark_naming_a_path_deletes_nothing_outside(tmp_path):
+    from recovery.run import retention
+
+    victim = tmp_path / "victim" / "step-00000001"
+    victim.mkdir(parents=True)
+    best = tmp_path / "run" / "best"
+    best.mkdir(parents=True)
+    for i, named in enumerate([str(victim), "../../victim/step-00000001"]):
+        (best / f"{retention.INCOMING}step-0000000{i}").write_text(named)
+    retention.tidy_best(tmp_path / "run")
+    assert victim.is_dir() and not list(best.iterdir())
+
+
+def test_a_commit_below_a_linked_directory_of_the_run_is_refused(tmp_path, decoy):
+    run_dir = tmp_path / "run"
+    run_dir.mkdir()
+    (run_dir / "warm_start").symlink_to(decoy.parent)
+    lock = RunLock.acquire(run_dir)
+    try:
+        with pytest.raises(UnsafePathError, match="warm_start: expected a directory of the run"):
+            check_held(run_dir / "warm_start")
+    finally:
+        lock.release()

@@ -84,15 +84,20 @@ def test_only_sealed_and_chained_steering_events_are_obeyed(
     assert {"step": 3, "loss": 1.0} in checked.obeyed  # per-step records are not sealed
 
 
+def sealed_journal(path, signer, trust, *records):
+    """A journal at ``path`` holding ``records``, written as a run's writer writes them."""
+    j = Journal(path)
+    j.seal_with(signer, trust)
+    for r in records:
+        j.write(r)
+    j.close()
+
+
 def test_a_journal_chains_on_after_a_refused_line_and_history_warns_once(
     tmp_path, signer, trust, caplog
 ):
     path = tmp_path / "metrics.jsonl"
-    j = Journal(path)
-    j.seal_with(signer, trust)
-    j.write(START)
-    j.write(ck(2))
-    j.close()
+    sealed_journal(path, signer, trust, START, ck(2))
     with open(path, "a") as fh:  # someone else's line
         fh.write(json.dumps({"event": "retired", "steps": [2]}) + "\n")
     j = Journal(path)  # the next writer: chains onto the last event that verifies
@@ -107,7 +112,6 @@ def test_a_journal_chains_on_after_a_refused_line_and_history_warns_once(
         assert sorted(h.committed) == [2, 4] and not h.retired
     assert caplog.text.count("JOURNAL EVENTS IGNORED") == 1
     assert "line 3 ('retired'): unsigned" in caplog.text
-    assert history.read(path).retired == {2}  # a reader without trust sees the file as is
 
 
 def test_a_writer_seals_what_steers_and_nothing_else(tmp_path, signer):
@@ -128,3 +132,20 @@ def test_a_forged_retirement_does_not_hide_a_rollback(tmp_path, caplog):
     with pytest.raises(RollbackError, match="committed step 6"):
         run(tmp_path, 8, resume="latest", strict_resume=True)
     assert "JOURNAL EVENTS IGNORED" in caplog.text and "'retired'" in caplog.text
+
+
+def test_a_broken_chain_hides_no_commit_and_a_strange_line_breaks_nothing(
+    tmp_path, signer, trust, caplog
+):
+    path = tmp_path / "metrics.jsonl"
+    sealed_journal(path, signer, trust, START, *({**ck(s), "run_id": "a"} for s in (2, 4, 6)))
+    lines = path.read_text().splitlines()
+    lines[1] = lines[1].replace('"step":2', '"step":3')  # one byte of the first commit
+    other = seal.seal({**ck(8), "run_id": "b"}, "", signer)  # another run's, same key
+    lines += [json.dumps({"event": ["x"]}), json.dumps(other)]  # an unhashable event too
+    path.write_text("\n".join(lines) + "\n")
+    h = history.read(path, trust)
+    # every commit after the altered one is out of the chain, and still counts: the
+    # newest commit of run a is 6, so a resume from anything older is a rollback
+    assert h.run_id == "a" and sorted(h.committed) == [4, 6] and h.newest == 6
+    assert "('checkpoint'): its signature does not verify" in caplog.text
