@@ -4,8 +4,11 @@ For journals of N steps (records as the recipes write them: step, epoch, loss, l
 batch digest, update; a checkpoint event every 100 steps), measures the median over
 ``--runs`` of:
 
-- ``read``: the journal read the resume does anyway (``history.read``: parse and the
-  run's history), now also keeping the last record of each step;
+- ``read``: the journal read the resume does anyway (``history.read``: parse, check
+  the seals of its steering events, the run's history), now also keeping the last
+  record of each step;
+- ``unsealed``: the same read without checking the seals (parse and history only), the
+  baseline of what checking the sealed events (one every 100 steps) adds;
 - ``keep``: the part of it the self-check added (the step -> record map), measured
   alone over the parsed records;
 - ``write``: one per-step record written through the journal, without and with the
@@ -26,6 +29,8 @@ from pathlib import Path
 from typing import Any
 
 from recovery.config import ResumeCheckConfig
+from recovery.integrity import seal
+from recovery.integrity.signing import Signer, TrustStore, generate_keypair
 from recovery.run import history, journal
 from recovery.run.selfcheck import ResumeCheck
 from recovery.state.sampler import batch_digest
@@ -36,18 +41,32 @@ def record(step: int) -> dict[str, Any]:
             "batch": batch_digest([step]), "update": 0.001 * step}  # fmt: skip
 
 
-def write_journal(path: Path, steps: int) -> None:
+def write_journal(path: Path, steps: int, signer: Signer) -> None:
+    """A run's journal: its steering events sealed as a run's writer seals them."""
+    tip = ""
+
+    def sealed(event: dict[str, Any]) -> str:
+        nonlocal tip
+        event = seal.seal(event, tip, signer)
+        tip = seal.link(event)
+        return json.dumps(event, separators=(",", ":")) + "\n"
+
     with open(path, "w", encoding="utf-8") as fh:
-        fh.write(json.dumps({"event": "start", "run_id": "r"}) + "\n")
+        fh.write(sealed({"event": "start", "run_id": "r"}))
         for s in range(1, steps + 1):
             fh.write(json.dumps(record(s), separators=(",", ":")) + "\n")
             if s % 100 == 0:
-                fh.write(json.dumps({"event": "checkpoint", "step": s, "pause_s": 0.1}) + "\n")
+                fh.write(sealed({"event": "checkpoint", "step": s, "pause_s": 0.1, "run_id": "r"}))
 
 
 def step_map(records: list[dict[str, Any]]) -> dict[int, dict[str, Any]]:
     """What the self-check added to the journal read: step -> its last record."""
     return {r["step"]: r for r in records if "event" not in r}
+
+
+def unsealed(path: Path) -> history.History:
+    """The same read without checking the seals: the baseline of what the check adds."""
+    return history.from_records(journal.read(path))
 
 
 def timed(fn: Any) -> float:
@@ -79,20 +98,25 @@ def main() -> None:
     rows = []
     with tempfile.TemporaryDirectory() as tmpdir:
         tmp = Path(tmpdir)
+        signer = Signer(generate_keypair(tmp / "key")[0])
+        trust = TrustStore().with_signer(signer)
         for n in (int(x) for x in args.steps.split(",")):
             path = tmp / f"j{n}.jsonl"
-            write_journal(path, n)
+            write_journal(path, n, signer)
             records = journal.read(path)
-            reads = [timed(partial(history.read, path)) for _ in range(args.runs)]
+            reads = [timed(partial(history.read, path, trust)) for _ in range(args.runs)]
+            plains = [timed(partial(unsealed, path)) for _ in range(args.runs)]
             keeps = [timed(partial(step_map, records)) for _ in range(args.runs)]
             row = {"steps": n, "bytes": path.stat().st_size, "read_s": statistics.median(reads),
+                   "unsealed_s": statistics.median(plains),
                    "keep_s": statistics.median(keeps)}  # fmt: skip
             row["keep_share"] = row["keep_s"] / row["read_s"]
             rows.append(row)
             print(
                 f"{n:>9} steps ({row['bytes'] / 1e6:6.1f} MB): journal read {row['read_s']:.3f} s, "
                 f"of which the self-check's map {row['keep_s']:.3f} s "
-                f"({100 * row['keep_share']:.1f} %)"
+                f"({100 * row['keep_share']:.1f} %); unsealed read {row['unsealed_s']:.3f} s "
+                f"(seals {row['read_s'] / row['unsealed_s']:.2f}x)"
             )
         plain = statistics.median(per_record(tmp, checked=False) for _ in range(args.runs))
         checked = statistics.median(per_record(tmp, checked=True) for _ in range(args.runs))
