@@ -161,6 +161,12 @@ def audit_text(report: audit.Report) -> str:
             )
             data = str(link.dataset)
             parts.append(f"data {data[:23] + '…' if len(data) > 24 else data}")
+            if "+modified:" in data:
+                parts.append("(modified: not its DVC version)")
+            if link.dataset_stage:
+                stage = link.dataset_stage
+                changed = ",".join(str(c) for c in stage.get("outdated", []))
+                parts.append(f"(stage {stage.get('name')} out of date: {changed})")
             if link.world_size is not None:
                 parts.append(f"world {link.world_size}")
         elif link.status == audit.PRUNED:

@@ -191,6 +191,13 @@ def _under(path: Path, top: Path) -> bool:
     return True
 
 
+def _relative(data: Path, root: Path) -> str:
+    try:
+        return data.resolve().relative_to(root.resolve()).as_posix()
+    except ValueError:
+        return str(data)
+
+
 def _dvc_out(data: Path, root: Path) -> dict[str, Any] | None:
     """The DVC record of ``data`` from ``<data>.dvc`` or ``dvc.lock``, if any."""
     sidecar = data.with_name(data.name + ".dvc")
@@ -247,15 +254,30 @@ def dataset_version(data: Path | None, root: Path) -> dict[str, Any]:
     if out is not None and out.get("md5"):
         from recovery.storage import tracking
 
-        record = {
+        names = {str(out.get("path")), _relative(data, root)}
+        status = tracking.data_status(root, str(out["target"]), names)
+        record: dict[str, Any] = {
             "source": out["source"],
             "path": str(data),
             "version": f"md5:{out['md5']}",
             "md5": out["md5"],
             "size": out.get("size"),
             "nfiles": out.get("nfiles"),
-            "modified": tracking.workspace_modified(root, str(out["target"])),
+            "modified": status.modified if status is not None else None,
         }
+        if status is not None and status.outdated:
+            # the data is what DVC recorded; what would make it has changed since
+            record["stage"] = {"name": str(out["target"]), "outdated": status.outdated}
+            log.warning(
+                "the DVC stage %s that makes %s is out of date (changed: %s); the data "
+                "itself is its DVC version md5:%s and is recorded so. Run `dvc repro %s` "
+                "to remake it from the current code and config.",
+                out["target"],
+                data,
+                ", ".join(status.outdated),
+                out["md5"],
+                out["target"],
+            )
         if record["modified"]:
             fp = fingerprint(data)
             record["version"] = f"md5:{out['md5']}+modified:sha256:{fp['sha256']}"

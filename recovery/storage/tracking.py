@@ -30,7 +30,7 @@ import queue
 import threading
 import time
 import warnings
-from collections.abc import Callable, Iterator
+from collections.abc import Callable, Iterable, Iterator
 from contextlib import contextmanager
 from dataclasses import dataclass
 from pathlib import Path
@@ -198,19 +198,61 @@ def materialize(ckpt: Path, *, remote: str | None = None) -> Path:
     return ckpt
 
 
-def workspace_modified(root: Path, target: str) -> bool | None:
-    """Whether the workspace outputs of ``target`` (a stage name or a ``.dvc`` file)
-    differ from what DVC recorded; ``None`` when DVC cannot tell."""
+@dataclass(frozen=True)
+class DataStatus:
+    """What DVC says of one tracked dataset: two separate questions."""
+
+    modified: bool
+    """The data itself differs from the hash DVC recorded for it (its outputs changed,
+    were deleted, or are not recorded yet)."""
+    outdated: list[str]
+    """What changed in the stage that makes it (its dependencies, its command): the
+    stage is out of date, and ``dvc repro`` would remake the data, which may or may not
+    come out the same. Empty for a ``.dvc`` file or an up-to-date stage."""
+
+
+DATA_CHANGED = frozenset({"modified", "deleted", "new"})
+"""DVC's states of an output whose workspace content is not what it recorded ("not in
+cache" is not one: the workspace matches the record, only the cache lacks a copy)."""
+
+
+def data_status(root: Path, target: str, out: Iterable[str]) -> DataStatus | None:
+    """How the output ``out`` (its names: relative to ``root``, or as the ``.dvc`` file
+    lists it) of ``target`` (a stage name or a ``.dvc`` file) stands against DVC's record;
+    ``None`` when DVC cannot tell.
+
+    DVC's status of a stage mixes changed dependencies and changed outputs; a dataset
+    is *modified* only when its output differs from the recorded hash.
+    """
     try:
         with _quiet():
             repo = _repo(root)
             try:
-                return bool(repo.status(targets=[target]))
+                status = repo.status(targets=[target])
             finally:
                 repo.close()
     except Exception as err:  # provenance must not fail a run
         log.warning("could not ask DVC whether %s changed: %s", target, err)
         return None
+    return status_of(status, out)
+
+
+def status_of(status: dict[str, Any], out: Iterable[str]) -> DataStatus:
+    """:class:`DataStatus` of the output named ``out`` from ``dvc status``'s mapping (a pure
+    function: its table test holds DVC's shapes)."""
+    names = set(out)
+    modified, outdated = False, []
+    for entries in status.values():
+        for entry in entries if isinstance(entries, list) else []:
+            if not isinstance(entry, dict):
+                continue
+            for path, state in (entry.get("changed outs") or {}).items():
+                if path in names and state in DATA_CHANGED:
+                    modified = True
+            outdated += sorted(entry.get("changed deps") or {})
+            if entry.get("changed command"):
+                outdated.append("cmd")
+    return DataStatus(modified, outdated)
 
 
 def untrack(ckpt: Path) -> None:

@@ -85,6 +85,9 @@ class Link:
     signer: dict[str, Any] | None = None
     code: dict[str, Any] | None = None
     dataset: str | None = None
+    dataset_stage: dict[str, Any] | None = None
+    """The DVC stage that makes the dataset was out of date when the run started (its
+    ``name`` and what ``outdated`` it); the data itself is what ``dataset`` says."""
     world_size: int | None = None
     """How many ranks wrote it (``torchrun``); 1 for a single process."""
     resharded: dict[str, Any] | None = None
@@ -158,6 +161,7 @@ def _describe(mf: Manifest, path: Path, relation: str) -> Link:
         ),
         code={"commit": code.get("commit"), "dirty": code.get("dirty"), "git": code.get("git")},
         dataset=prov.get("dataset", {}).get("version") or prov.get("dataset", {}).get("source"),
+        dataset_stage=prov.get("dataset", {}).get("stage"),
         world_size=rec.get("world_size"),
         abandoned=abandoned_of(path),
         imported=_imported(prov),

@@ -260,18 +260,46 @@ def test_fresh_machine_resume_from_the_remote_is_bit_identical(
     assert_same_run(reference, run_dir, trust)
 
 
-def test_data_that_differs_from_its_dvc_version_is_recorded_as_modified(project, signer):
+def test_data_is_modified_only_when_it_differs_and_a_stale_stage_is_said_apart(project, signer):
     proj, env = project
+    shutil.copy(ROOT / "dvc.lock", proj)  # as a fresh clone has it
     sh(proj, "dvc", "repro", "prepare", env=env)
+    # the committed lock is current: the stage remade the data it records, byte for byte
+    assert (proj / "dvc.lock").read_bytes() == (ROOT / "dvc.lock").read_bytes()
+    assert "up to date" in sh(proj, "dvc", "status", "prepare", env=env).stdout
     clean = sh(proj, "python", "train.py", "train.steps=10", "run.name=clean", env=env)
-    assert "differs from its DVC version" not in clean.stdout + clean.stderr
+    said = clean.stdout + clean.stderr
+    assert "differs from its DVC version" not in said and "out of date" not in said
+    with open(proj / "recipes" / "prepare.py", "a") as fh:
+        fh.write("# a comment: the stage is out of date, its data is not\n")
+    stale = sh(proj, "python", "train.py", "train.steps=10", "run.name=stale", env=env)
+    said = stale.stdout + stale.stderr
+    assert "DVC stage prepare that makes" in said and "recipes/prepare.py" in said
+    assert "differs from its DVC version" not in said
     with open(proj / "data" / "interactions" / "meta.json", "a") as fh:
         fh.write(" \n")  # same data for the recipe, different bytes for DVC
     dirty = sh(proj, "python", "train.py", "train.steps=10", "run.name=dirty", env=env)
     assert "differs from its DVC version" in dirty.stdout + dirty.stderr
     store = _trust(signer)
-    for name, modified in (("clean", False), ("dirty", True)):
+    for name, modified, stage in (
+        ("clean", False, None),
+        ("stale", False, True),
+        ("dirty", True, True),
+    ):
         rec = resume.load(proj / "checkpoints" / name / step_dir_name(10), store).manifest.recovery
         dataset = rec["provenance"]["dataset"]
         assert dataset["source"] == "dvc.lock:prepare" and dataset["modified"] is modified
         assert ("+modified:sha256:" in dataset["version"]) is modified
+        assert ("stage" in dataset) is bool(stage), dataset
+        if stage:
+            assert dataset["stage"] == {"name": "prepare", "outdated": ["recipes/prepare.py"]}
+    trusted = ["--trusted", str(signer.path.parent)]
+    audits = {
+        name: sh(proj, "recovery", "audit", str(proj / "checkpoints" / name / step_dir_name(10)),
+                 *trusted, env=env).stdout
+        for name in ("clean", "stale", "dirty")
+    }  # fmt: skip
+    stale_stage, modified = "(stage prepare out of date: recipes/prepare.py)", "(modified: not its"
+    assert stale_stage not in audits["clean"] and modified not in audits["clean"]
+    assert stale_stage in audits["stale"] and modified not in audits["stale"]
+    assert modified in audits["dirty"]

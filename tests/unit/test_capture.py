@@ -1,5 +1,7 @@
 """Secrets never leave the process: by key, and by value wherever the value reached."""
 
+from pathlib import Path
+
 import pytest
 
 from recovery.provenance.capture import REDACTED, redact, redact_overrides, secret_values
@@ -80,3 +82,54 @@ def test_the_dependency_lock_reads_the_same_names_as_the_metadata_parser(tmp_pat
     )
     assert dependency_lock(tmp_path)["packages"] == slow
     assert any(name.startswith("torch==") for name in slow)
+
+
+@pytest.mark.parametrize(
+    ("status", "modified", "outdated"),
+    [
+        ({}, False, []),
+        ({"prepare": [{"changed outs": {"data/x": "not in cache"}}]}, False, []),
+        ({"prepare": [{"changed outs": {"data/x": "modified"}}]}, True, []),
+        ({"prepare": [{"changed outs": {"data/x": "deleted"}}]}, True, []),
+        ({"prepare": [{"changed outs": {"data/other": "modified"}}]}, False, []),
+        (
+            {
+                "prepare": [
+                    {"changed deps": {"recipes/prepare.py": "modified"}},
+                    {"changed outs": {"data/x": "not in cache"}},
+                ]
+            },
+            False,
+            ["recipes/prepare.py"],
+        ),
+        ({"prepare": [{"changed command": True}]}, False, ["cmd"]),
+        ({"x.dvc": [{"changed outs": {"x": "modified"}}]}, True, []),
+        ({"prepare": ["always changed"]}, False, []),
+    ],
+)
+def test_a_dataset_is_modified_only_when_its_data_differs(status, modified, outdated):
+    """DVC's status of a stage mixes its dependencies and its outputs: a changed dependency
+    is a stage out of date, not modified data."""
+    from recovery.storage.tracking import status_of
+
+    got = status_of(status, {"data/x", "x"})
+    assert (got.modified, got.outdated) == (modified, outdated)
+
+
+def test_the_committed_dvc_lock_is_current():
+    """dvc.lock records the md5 of each dependency of `prepare` as the repository holds it
+    (DVC hashes a file's bytes): a stale lock makes every fresh clone's stage out of date."""
+    import hashlib
+
+    import yaml
+
+    root = Path(__file__).resolve().parents[2]
+    lock = yaml.safe_load((root / "dvc.lock").read_text())
+    for stage in lock["stages"].values():
+        for dep in stage["deps"]:
+            path = root / dep["path"]
+            if path.is_file():
+                assert hashlib.md5(path.read_bytes()).hexdigest() == dep["md5"], (
+                    f"dvc.lock is stale for {dep['path']}: run `dvc commit -f prepare` "
+                    "(or `dvc repro prepare`) and commit dvc.lock"
+                )
