@@ -22,8 +22,8 @@ $(STAMP): pyproject.toml | $(BIN)/python
 install: $(STAMP)
 
 lint: $(STAMP)
-	$(BIN)/ruff check recovery recipes tests examples train.py demo.py benchmarks
-	$(BIN)/ruff format --check recovery recipes tests examples train.py demo.py benchmarks
+	$(BIN)/ruff check recovery recipes hydra_plugins tests examples train.py demo.py benchmarks
+	$(BIN)/ruff format --check recovery recipes hydra_plugins tests examples train.py demo.py benchmarks
 	$(BIN)/mypy
 	$(BIN)/lint-imports
 

@@ -24,6 +24,10 @@ from recovery.config import (
 )
 from recovery.errors import ConfigError, RecoveryError, StorageError
 
+LOGS_DIR = ".hydra"
+"""``<checkpoint.root>/.hydra/<run.name>/...``: Hydra's job logs (``hydra.run.dir`` and
+``hydra.sweep.dir`` in conf/config.yaml), beside the run directories, never inside one."""
+
 
 def _embedding(cfg: DictConfig) -> int:
     from recipes import embedding
@@ -99,8 +103,10 @@ def run(cfg: DictConfig) -> int:
 
 
 def _discard_job_dir() -> None:
-    """Remove this Hydra job's output directory (and the run directory, if that leaves it
-    empty) when the run directory holds nothing else: no journal, lock or checkpoint."""
+    """Remove this Hydra job's log directory, and the directories above it up to
+    ``<checkpoint.root>/.hydra`` that this leaves empty: a run that fails before it wrote
+    anything leaves nothing behind (the run directory itself is tidied by the checkpointer,
+    which knows what it created)."""
     import shutil
 
     from hydra.core.hydra_config import HydraConfig
@@ -108,15 +114,12 @@ def _discard_job_dir() -> None:
     if not HydraConfig.initialized():
         return
     job_dir = Path(HydraConfig.get().runtime.output_dir)
-    logs = job_dir.parent
-    run_dir = logs.parent
-    try:
-        if logs.name != "hydra" or any(p != logs for p in run_dir.iterdir()):
-            return
-    except OSError:  # the run directory itself is gone or unreadable: nothing to tidy
-        return
+    if LOGS_DIR not in job_dir.parts:
+        return  # a job directory the command line placed elsewhere: the user's
     logging.shutdown()  # Hydra's file handler holds the job's log open
     shutil.rmtree(job_dir, ignore_errors=True)
-    for directory in (logs, run_dir):
-        with contextlib.suppress(OSError):  # not empty: earlier jobs' logs stay
+    for directory in job_dir.parents:
+        with contextlib.suppress(OSError):  # not empty: other jobs' logs stay
             directory.rmdir()
+        if directory.name == LOGS_DIR:
+            break

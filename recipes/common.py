@@ -10,6 +10,7 @@ and checkpoints, and a clean close.
 from __future__ import annotations
 
 import dataclasses
+import hashlib
 import logging
 import math
 import random
@@ -210,6 +211,39 @@ def ignored(ckpt: Checkpointer, journal: Journal, fixed: dict[str, str]) -> None
         journal.write({"event": "override_ignored", "lines": lines})
 
 
+MAX_JOB_NAME = 120
+"""Longest sweep job directory name (a file name holds 255 bytes)."""
+
+
+def sweep_job_name(name: str) -> str:
+    """The run name of this job: ``run.name``, or under a Hydra sweep (``-m``)
+    ``<run.name>/<the job's overrides>``, so each job of a sweep is its own run and the
+    same sweep with ``+resume=latest`` resumes each job in its own. The overrides are
+    Hydra's ``override_dirname`` for the job, sorted, without the keys that name no job
+    (``hydra.job.config.override_dirname.exclude_keys``: ``+resume``, ``+init_from``, the
+    roots) and without secret-looking keys (a password names no job, and must not appear
+    in a path); ``/`` in a value becomes ``_``, and a name longer than
+    :data:`MAX_JOB_NAME` keeps its start and a digest of the whole."""
+    from hydra.core.hydra_config import HydraConfig
+    from hydra.types import RunMode
+
+    from recovery.provenance.capture import is_secret_key
+
+    if not HydraConfig.initialized() or HydraConfig.get().mode != RunMode.MULTIRUN:
+        return name
+    hc = HydraConfig.get()
+    exclude = set(hc.job.config.override_dirname.exclude_keys or [])
+    named = sorted(
+        item.lstrip("+~")
+        for item in hc.overrides.task
+        if (key := item.split("=", 1)[0].lstrip("+~")) not in exclude and not is_secret_key(key)
+    )
+    job = (",".join(named) or f"job{hc.job.num}").replace("/", "_")
+    if len(job) > MAX_JOB_NAME:  # a file name has 255 bytes at most: keep it stable, short
+        job = f"{job[: MAX_JOB_NAME - 13]}~{hashlib.sha256(job.encode()).hexdigest()[:12]}"
+    return f"{name}/{job}"
+
+
 def train(
     cfg: DictConfig,
     state: TrainState,
@@ -252,7 +286,7 @@ def train(
         ck = dataclasses.replace(ck, best_metric=best_metric)
     run_cfg = typed(RunConfig, cfg.run, key="run")
     steps = typed(TrainConfig, cfg.train, key="train")
-    run_dir = Path(ck.root) / run_cfg.name
+    run_dir = Path(ck.root) / sweep_job_name(run_cfg.name)
     journal = Journal(run_dir / METRICS_FILE if world.leader else None)
     guard = PreemptionGuard(ck.preempt_signals)
     ckpt = make_checkpointer(

@@ -18,10 +18,6 @@ from typing import Any
 from recovery import errors
 from recovery.config import did_you_mean
 
-# Hydra's own options that take a value, and overrides of Hydra's settings: the
-# preflight leaves those to Hydra (they select another config or configure Hydra)
-_HYDRA_OPTIONS = ("--config-name", "-cn", "--config-path", "-cp", "--config-dir", "-cd")
-
 
 def compose(
     command: str, overrides: Sequence[str], *, conf: Path | None = None, hydra: bool = False
@@ -57,33 +53,94 @@ def compose(
             raise explain(err, list(overrides), conf, hydra_compose) from None
 
 
+MAX_SWEEP_COMPOSES = 32
+"""Most compositions the preflight makes of a sweep (one per value of each swept key, the
+other keys at their first value); a larger sweep is checked that far, the rest by Hydra."""
+
+
 def preflight(script: str, argv: Sequence[str], conf: Path) -> None:
     """Check a ``@hydra.main`` script's arguments (``argv``, without the script) before
-    Hydra sees them.
+    Hydra sees them, reading them as Hydra does: its own argument parser (``-m``,
+    ``--cfg job``, ``-c``, ``-p``, ``--info``, ``--resolve``...) and its own override
+    parser (sweeps: ``a=1,2``, ``choice()``, ``range()``, ``glob()``...).
 
-    Only plain overrides are composed; Hydra's own flags and ``hydra.*``
-    overrides are left to Hydra, and a command line that picks another config
-    (``--config-name``…) is not checked at all.
+    The overrides are composed with Hydra's compose API; a sweep is composed once per
+    value of each swept key (the others at their first value), up to
+    :data:`MAX_SWEEP_COMPOSES`, so a typo in any value is one line before any job runs.
+    ``hydra.*`` overrides and a sweep Hydra alone can expand (``glob`` over a group)
+    are left to Hydra; a command line that picks another config (``--config-name``…),
+    or asks for help or a version, is not checked at all.
 
     It also checks that the directory Hydra will create for the job's log
-    (``hydra.run.dir``) can be created, so a read-only checkpoint root is one
-    line too, not Hydra's traceback.
+    (``hydra.run.dir``, ``hydra.sweep.dir`` under ``-m``) can be created, so a read-only
+    checkpoint root is one line too, not Hydra's traceback.
 
     Raises:
-        ConfigError: as :func:`compose`.
+        ConfigError: as :func:`compose`, or an override Hydra cannot parse.
         StorageError: the job's directory cannot be created.
     """
-    if any(a.split("=", 1)[0] in _HYDRA_OPTIONS for a in argv):
+    from hydra._internal.utils import get_args_parser
+
+    args, _ = get_args_parser().parse_known_args(list(argv))
+    if args.config_name or args.config_path or args.config_dir or args.help or args.hydra_help:
         return
-    plain = [a for a in argv if not a.startswith("-") and not a.lstrip("+~").startswith("hydra")]
-    # where the job's directory goes is checked where the command line puts it
-    run_dir = [a for a in argv if a.startswith("hydra.run.dir=")]
-    cfg = compose(script, plain + run_dir, conf=conf, hydra=True)
+    if args.shell_completion or args.experimental_rerun:
+        return
+    modes = [flag for flag, on in (("--run", args.run), ("-m", args.multirun),
+             ("--cfg", args.cfg), ("--info", args.info)) if on]  # fmt: skip
+    if len(modes) > 1:
+        raise errors.ConfigError(
+            f"{script}: {' and '.join(modes)} cannot be combined: Hydra runs one of them "
+            "(to see a sweep job's config, run that job alone with --cfg job)"
+        )
+    jobs = _job_overrides(script, list(args.overrides))
+    multirun = args.multirun or "hydra.mode=MULTIRUN" in args.overrides
+    cfg = None
+    for overrides in jobs:
+        cfg = compose(script, overrides, conf=conf, hydra=True)
     from omegaconf import OmegaConf
 
-    job_dir = OmegaConf.select(cfg, "hydra.run.dir", default=None)
+    key = "hydra.sweep.dir" if multirun else "hydra.run.dir"
+    job_dir = OmegaConf.select(cfg, key, default=None) if cfg is not None else None
     if job_dir is not None:
         writable(Path(str(job_dir)))
+
+
+def _job_overrides(script: str, overrides: list[str]) -> list[list[str]]:
+    """The override lists to compose: each swept value once (the other keys at their first
+    value), the ``hydra.*`` overrides kept only where they place the job's directory."""
+    from hydra.core.override_parser.overrides_parser import OverridesParser
+    from hydra.errors import HydraException, OverrideParseException
+
+    try:
+        parsed = OverridesParser.create().parse_overrides(overrides)
+    except OverrideParseException as err:
+        first = str(err.message).splitlines()[0] if err.message else str(err)
+        raise errors.ConfigError(
+            f"{script}: {err.override}: not an override ({first}); write key=value, e.g. "
+            "train.steps=100, or a sweep key=1,2 with -m"
+        ) from None
+    fixed: list[str] = []
+    sweeps: list[list[str]] = []
+    for override, text in zip(parsed, overrides, strict=True):
+        key = override.get_key_element().lstrip("+~")
+        if key.startswith("hydra.") and not key.startswith(("hydra.run.dir", "hydra.sweep.")):
+            continue  # Hydra's own settings: Hydra checks them
+        if not override.is_sweep_override():
+            fixed.append(text)
+            continue
+        try:
+            values = [f"{override.get_key_element()}={v}" for v in override.sweep_string_iterator()]
+        except HydraException:
+            continue  # a glob over a group's options: only Hydra's loader can expand it
+        sweeps.append(values[:MAX_SWEEP_COMPOSES])
+    jobs = [fixed + [values[0] for values in sweeps]]
+    for i, values in enumerate(sweeps):
+        for value in values[1:]:
+            if len(jobs) >= MAX_SWEEP_COMPOSES:
+                return jobs
+            jobs.append(fixed + [v[0] if j != i else value for j, v in enumerate(sweeps)])
+    return jobs
 
 
 def writable(directory: Path) -> None:

@@ -37,6 +37,7 @@ machines that share the run directory (local disks and NFSv4 do).
 
 from __future__ import annotations
 
+import contextlib
 import errno
 import fcntl
 import json
@@ -101,6 +102,10 @@ class RunLock:
 
     def __init__(self, run_dir: Path, dir_fd: int, file_fd: int, locked: int) -> None:
         self.run_dir = run_dir
+        self.created = False
+        """Whether taking the lock created ``.lock`` (see :meth:`release`)."""
+        self.made_dir = False
+        """Whether the writer created the run directory itself (set by its caller)."""
         self.path = run_dir / LOCK_FILE
         self._dir_fd: int | None = dir_fd
         self._file_fd: int | None = file_fd
@@ -118,6 +123,7 @@ class RunLock:
         """
         dir_fd = os.open(run_dir, os.O_RDONLY | os.O_DIRECTORY | os.O_CLOEXEC)
         try:
+            existed = _exists(dir_fd)
             file_fd = _open_holder_file(dir_fd, run_dir)
         except BaseException:
             os.close(dir_fd)
@@ -141,7 +147,9 @@ class RunLock:
                 log.info("%s: no flock on a directory (%s); locking %s", run_dir, err, LOCK_FILE)
                 locked = file_fd
                 continue
-            return cls._hold(run_dir, dir_fd, file_fd, locked)
+            lock = cls._hold(run_dir, dir_fd, file_fd, locked)
+            lock.created = not existed
+            return lock
         os.close(dir_fd)
         os.close(file_fd)
         raise RunDirLockedError(
@@ -207,9 +215,19 @@ class RunLock:
                 os.close(fd)
         self._dir_fd = self._file_fd = None
 
-    def release(self) -> None:
+    def release(self, *, tidy: bool = False) -> None:
         """Drop the lock (closing the descriptors drops it; ``.lock`` stays for the next
-        writer)."""
+        writer). ``tidy``: a start-up that was refused leaves nothing behind: ``.lock`` is
+        removed if taking the lock created it, and the run directory if the writer made it
+        and it is empty."""
+        if tidy and self._dir_fd is not None:
+            if self.created:
+                with contextlib.suppress(OSError):
+                    # the name only: unlink never follows a link
+                    os.unlink(LOCK_FILE, dir_fd=self._dir_fd)
+            if self.made_dir:
+                with contextlib.suppress(OSError):  # not empty: something else is there
+                    os.rmdir(self.run_dir)
         self._close()
 
 
@@ -226,6 +244,14 @@ def check_held(path: Path) -> None:
         if lock._dir_fd is not None and (path == lock.run_dir or lock.run_dir in path.parents):
             lock.check()
             nofollow.refuse_links(lock.run_dir, path, "a directory of the run")
+
+
+def _exists(dir_fd: int) -> bool:
+    try:
+        os.stat(LOCK_FILE, dir_fd=dir_fd, follow_symlinks=False)
+    except FileNotFoundError:
+        return False
+    return True
 
 
 def _read(fd: int) -> str:

@@ -113,7 +113,7 @@ class Restoring:
             step = self._restore(state, resume_spec, init_from)
             self._watch.started(step)
         except BaseException:
-            self._release()
+            self._release(tidy=True)  # refused: nothing left behind that this start made
             raise
         for caution in state.cautions:
             self._event(caution.record())
@@ -231,9 +231,10 @@ class Restoring:
         """The checkpoint this process resumed from, if it did."""
         return self.identity.resumed_from
 
-    def _release(self) -> None:
+    def _release(self, *, tidy: bool = False) -> None:
         """Stop watching (a resume check not finished says how far it got), uninstall the
-        guard the checkpointer installed, drop the lock."""
+        guard the checkpointer installed, drop the lock (``tidy``: a refused start, see
+        :meth:`~recovery.integrity.lock.RunLock.release`)."""
         if self._check is not None:
             self._check.finish()
             self._check = None
@@ -243,7 +244,7 @@ class Restoring:
         if self._owned[1] and self.preemption is not None:
             self.preemption.uninstall()
         if self._lock is not None:
-            self._lock.release()
+            self._lock.release(tidy=tidy)
             self._lock = None
 
     def _journal_path(self) -> Path:

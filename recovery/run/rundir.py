@@ -37,8 +37,10 @@ def prepare(run_dir: Path, world: World, journal: Path, events_trust: TrustStore
     lock = None
     if world.leader:
         try:
+            made = not run_dir.exists()
             run_dir.mkdir(parents=True, exist_ok=True)
             lock = RunLock.acquire(run_dir)
+            lock.made_dir = made
             # fail now, not at the first commit after minutes of training
             Path(tempfile.mkdtemp(prefix=".recovery-probe-", dir=run_dir)).rmdir()
             commit.remove_stale(run_dir)

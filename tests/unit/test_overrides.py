@@ -1,5 +1,6 @@
 """Hydra's refusals, one line each with the key or option that was probably meant."""
 
+import re
 from pathlib import Path
 
 import pytest
@@ -75,3 +76,40 @@ def test_preflight_checks_the_job_directory_where_the_command_line_puts_it(tmp_p
     assert not (tmp_path / "ok").exists()  # the probe leaves nothing
     with pytest.raises(errors.StorageError, match="afile"):
         preflight("train.py", [f"hydra.run.dir={tmp_path}/afile/job"], CONF)
+
+
+@pytest.mark.parametrize(
+    "argv",
+    [
+        ["--cfg", "job"],
+        ["-c", "hydra", "train.steps=3"],
+        ["--cfg", "all", "--resolve"],
+        ["-c", "job", "-p", "checkpoint"],
+        ["--info"],
+        ["--info", "config"],
+        ["-m", "seed=0,1"],
+        ["--multirun", "seed=choice(0,1,2)", "train.steps=range(1,4)"],
+        ["-m", "recipe=glob(*)"],
+        ["-m", "seed=0,1", "+resume=latest"],
+        ["hydra.mode=MULTIRUN", "seed=0,1"],
+        ["--help"],
+        ["--hydra-help"],
+    ],
+)
+def test_every_form_of_hydras_command_line_passes_the_preflight(argv):
+    preflight("train.py", argv, CONF)
+
+
+@pytest.mark.parametrize(
+    ("argv", "says"),
+    [
+        (["-m", "seed=0,1", "checkpoint.evry_steps=3"], "did you mean `checkpoint.every_steps`"),
+        (["-m", "recipe=embedding,nonexist"], "recipe=nonexist: no such option"),
+        (["-m", "train.stepz=choice(5,6)"], "did you mean `train.steps`"),
+        (["-m", "seed=0,1", "--cfg", "job"], "-m and --cfg cannot be combined"),
+        (["seed=[0,1"], "not an override"),
+    ],
+)
+def test_a_bad_sweep_is_one_line_before_any_job(argv, says):
+    with pytest.raises(errors.ConfigError, match=re.escape(says)):
+        preflight("train.py", argv, CONF)
