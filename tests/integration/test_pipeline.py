@@ -39,7 +39,7 @@ def project(tmp_path, signer):
     """A git + DVC copy of the project (code, conf, dvc.yaml) with a local default remote."""
     proj = tmp_path / "proj"
     proj.mkdir()
-    for name in ("train.py", "dvc.yaml"):
+    for name in ("train.py", "dvc.yaml", ".dvcignore"):
         shutil.copy(ROOT / name, proj)
     for name in ("conf", "recipes", "recovery"):
         shutil.copytree(ROOT / name, proj / name, ignore=shutil.ignore_patterns("__pycache__"))
@@ -78,6 +78,14 @@ def test_dvc_repro_exports_then_does_nothing_then_reexports_after_training(proje
     second = sh(proj, "dvc", "repro", env=env)
     assert "Running stage 'export'" not in second.stdout, second.stdout
     assert {f.name: f.read_bytes() for f in art.iterdir()} == digests
+    # nothing new either: a no-op resume (it journals) and a refused fresh start
+    sh(proj, *train, "train.steps=40", "+resume=latest", env=env)
+    refused = subprocess.run(
+        [*train, "train.steps=40"], cwd=proj, env=env, capture_output=True, text=True
+    )
+    assert refused.returncode == 13, refused.stderr
+    again = sh(proj, "dvc", "repro", env=env)
+    assert "Running stage 'export'" not in again.stdout, again.stdout
 
     sh(proj, *train, "train.steps=60", "+resume=latest", env=env)
     third = sh(proj, "dvc", "repro", env=env)
