@@ -43,10 +43,11 @@ from recovery.parallel import world as distributed
 from recovery.parallel.world import World
 from recovery.provenance import capture as provenance
 from recovery.provenance.purpose import PurposeSpec
-from recovery.run import policy
+from recovery.run import policy, trackers
 from recovery.run.checkpointer import Checkpointer
 from recovery.run.journal import Journal
 from recovery.run.preemption import PreemptionGuard
+from recovery.run.trackers import TrackersConfig
 from recovery.run.watch import report
 from recovery.state.health import HealthMonitor, UpdateProbe
 from recovery.state.registry import TrainState
@@ -288,6 +289,8 @@ def train(
     steps = typed(TrainConfig, cfg.train, key="train")
     run_dir = Path(ck.root) / sweep_job_name(run_cfg.name)
     journal = Journal(run_dir / METRICS_FILE if world.leader else None)
+    tracked = typed(TrackersConfig, OmegaConf.select(cfg, "trackers", default=None), key="trackers")
+    trackers.attach(journal, tracked, run_dir=run_dir)  # before restore: they see the resume
     guard = PreemptionGuard(ck.preempt_signals)
     ckpt = make_checkpointer(
         cfg,

@@ -6,7 +6,8 @@ and restores it atomically, signed, with sensible defaults (the dev key, the
 journal in the run directory, preemption signals), the data position
 (:class:`ResumableLoader`, :class:`ResumableSampler`), the journal's per-step
 record (:meth:`Checkpointer.record`, :class:`Journal`), the resume health
-monitor, the verifying reader and the errors it raises. See README.md for the
+monitor, the trackers that follow the journal (:func:`attach_trackers`: TensorBoard,
+MLflow), the verifying reader and the errors it raises. See README.md for the
 formats and the CLI.
 """
 
@@ -33,6 +34,8 @@ from recovery.run.checkpointer import Checkpointer
 from recovery.run.journal import Journal
 from recovery.run.preemption import PreemptionGuard
 from recovery.run.resume import select
+from recovery.run.trackers import MlflowConfig, TensorBoardConfig, TrackersConfig
+from recovery.run.trackers import attach as attach_trackers
 from recovery.state.health import HealthMonitor
 from recovery.state.loader import ResumableLoader
 from recovery.state.loop import LoopState
@@ -53,6 +56,7 @@ __all__ = [
     "InexactResumeError",
     "Journal",
     "LoopState",
+    "MlflowConfig",
     "Preempted",
     "PreemptionGuard",
     "PurposeError",
@@ -62,9 +66,12 @@ __all__ = [
     "ResumeCheckConfig",
     "RunConfig",
     "Stateful",
+    "TensorBoardConfig",
+    "TrackersConfig",
     "TrainConfig",
     "TrainState",
     "VerificationError",
+    "attach_trackers",
     "load_inference",
     "read_verified",
     "select",

@@ -14,7 +14,10 @@ from typing import Any
 from recovery import errors
 from recovery.cli.common import add_trust_flags, trust_of
 from recovery.cli.overrides import compose
+from recovery.config import SigningConfig, typed
 from recovery.format import bounded
+from recovery.run import trackers
+from recovery.run.trackers import TrackersConfig
 from recovery.tools.export import admit, describe, load_inference
 
 EXPORTER_KEY = "export.exporter"
@@ -50,8 +53,15 @@ def cmd_export(args: argparse.Namespace) -> int:
             f"{EXPORTER_KEY}: cannot instantiate {node['_target_']!r} ({err}); run "
             "`recovery export` from the project root (where dvc.yaml is)"
         ) from err
+    tracked = typed(TrackersConfig, OmegaConf.select(cfg, "trackers", default=None), key="trackers")
     logging.basicConfig(level=logging.INFO, format="%(message)s")
-    return int(exporter(cfg))
+    code = int(exporter(cfg))
+    if code == 0 and tracked.mlflow.enabled:  # the export as a model version of its run
+        out = Path(str(OmegaConf.select(cfg, "export.out")))
+        run_dir = Path(str(cfg.checkpoint.root)) / str(cfg.run.name)
+        signing = typed(SigningConfig, cfg.signing, key="signing")
+        trackers.register_export(tracked, signing, out, run_dir=run_dir)
+    return code
 
 
 def read_input(name: str | None) -> bytes:

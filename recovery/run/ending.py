@@ -28,6 +28,7 @@ from recovery.errors import Preempted, RecoveryError
 from recovery.exitcodes import exit_code
 from recovery.format.manifest import Manifest
 from recovery.integrity.reaping import Reaper
+from recovery.integrity.signing import Signer
 from recovery.provenance import lineage
 from recovery.run import retention
 from recovery.run.cadence import Cadence
@@ -44,6 +45,7 @@ class Ending(Restoring):
     """After-commit and close (the checkpointer's base, which sets these attributes)."""
 
     publisher: tracking.Publisher | None
+    signer: Signer
     cadence: Cadence
     pause_s: float
     _saver: Inline
@@ -54,7 +56,8 @@ class Ending(Restoring):
     def _committed(self, job: SaveJob, mf: Manifest, cost: Cost) -> None:
         """After a commit (on whichever thread wrote it): link, keep best, retain, record, push."""
         if job.chained:
-            self.identity.previous = lineage.link(mf, job.final, self.root)
+            previous, parent = job.statement.get("previous"), job.statement.get("parent")
+            link = self.identity.previous = lineage.link(mf, job.final, self.root)
             retired = retention.after_commit(
                 self.cfg,
                 self.run_dir,
@@ -69,8 +72,19 @@ class Ending(Restoring):
             if retired:  # so a later resume knows these are gone on purpose (run.history)
                 self._event({"event": "retired", "steps": retired})
             # the run id binds a commit to its run when the chain around it is broken
+            # and its lineage (digest, signer, what it follows), for the trackers and readers
+            artifact = {
+                **link,
+                "signer": self.signer.key_id,
+                "previous": previous.get("sha256") if isinstance(previous, dict) else None,
+                "parent": parent.get("sha256") if isinstance(parent, dict) else None,
+            }
             self._event(
-                {**cost.event(job.step, sum(r.size for r in mf.files)), "run_id": self.run_id}
+                {
+                    **cost.event(job.step, sum(r.size for r in mf.files)),
+                    "run_id": self.run_id,
+                    "artifact": artifact,
+                }
             )
         if self.publisher is not None:
             self.publisher.submit(job.final)

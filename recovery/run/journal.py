@@ -11,7 +11,10 @@ A watcher (:meth:`Journal.watch`; the checkpointer's
 :class:`~recovery.run.watch.Watch`) sees every per-step record (one with ``step``
 and no ``event``): it may add fields before the record is written (``lr``,
 ``update``) and observes it after (the resume health monitor), so any loop that
-writes its per-step record here is monitored.
+writes its per-step record here is monitored. An observer (:meth:`Journal.tap`; the
+trackers of :mod:`recovery.run.trackers`) sees every record, events included,
+after it is written, and the journal's end; one that raises is dropped with a
+warning, so a tracker can never stop the run that feeds it.
 
 Lines are flushed to the OS as they are written, so a SIGKILL loses none of
 them; a torn last line (power loss) is skipped when reading and a newline is
@@ -41,6 +44,14 @@ from recovery.integrity.signing import Signer, TrustStore
 log = logging.getLogger(__name__)
 
 
+class Observer(Protocol):
+    """Sees every record after it is written (or discarded), and the journal's close."""
+
+    def seen(self, record: dict[str, Any]) -> None: ...
+
+    def closed(self) -> None: ...
+
+
 class Watcher(Protocol):
     """Sees each per-step record: adds fields before it is written, observes it after."""
 
@@ -68,6 +79,7 @@ class Journal:
         self._lock = threading.Lock()  # background saves record their costs too
         self._closed = False
         self._watchers: list[Watcher] = []
+        self._observers: list[Observer] = []
         self._sealer: tuple[Signer, TrustStore] | None = None
         self._tip: str | None = None  # the link of the last sealed event in the file
 
@@ -79,6 +91,21 @@ class Journal:
     def watch(self, watcher: Watcher) -> None:
         """Show ``watcher`` every per-step record from now on."""
         self._watchers.append(watcher)
+
+    def tap(self, observer: Observer) -> None:
+        """Show ``observer`` every record from now on (per-step records and events, as
+        written, without their seals), and :meth:`close`. Unlike a watcher it cannot
+        change a record, and an exception it raises drops it (a warning) instead of
+        reaching the writer."""
+        self._observers.append(observer)
+
+    def _tell(self, call: str, *args: Any) -> None:
+        for observer in list(self._observers):
+            try:
+                getattr(observer, call)(*args)
+            except Exception as err:  # an observer's failure never reaches the run
+                log.warning("journal observer %r failed and is dropped: %s", observer, err)
+                self._observers = [o for o in self._observers if o is not observer]
 
     def unwatch(self, watcher: Watcher) -> None:
         """Stop showing ``watcher`` the per-step records."""
@@ -134,12 +161,16 @@ class Journal:
                     raise full.refused(no_room, self.path.parent) from err
         for watcher in watchers:
             watcher.observed(record)
+        self._tell("seen", record)
 
     def close(self) -> None:
+        """Close the file; then the observers see the end (once)."""
         with self._lock:
-            self._closed = True
+            was_closed, self._closed = self._closed, True
             if self._fh is not None:
                 self._fh.close()
+        if not was_closed:
+            self._tell("closed")
 
 
 def read_numbered(path: Path) -> list[tuple[int, dict[str, Any]]]:

@@ -186,6 +186,18 @@ def reference(tmp_path_factory, data_root, signer):
     return root / "r"
 
 
+def recovery_export(overrides: list[str], signer) -> subprocess.CompletedProcess[str]:
+    """``recovery export`` with ``overrides``, from the project root, signing with ``signer``."""
+    return launcher.run(
+        [str(Path(sys.executable).with_name("recovery")), "export", *overrides],
+        cwd=ROOT,
+        capture_output=True,
+        text=True,
+        env={**os.environ, KEY_ENV: str(signer.path)},
+        timeout=300,
+    )
+
+
 def final_state(run_dir: Path, trust) -> dict:
     return resume.load(run_dir / step_dir_name(STEPS), trust).decoded.tree
 

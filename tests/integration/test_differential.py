@@ -3,10 +3,7 @@
 from __future__ import annotations
 
 import json
-import os
 import shutil
-import sys
-from pathlib import Path
 
 import pytest
 import torch
@@ -14,11 +11,9 @@ import torch
 from recovery import cli
 from recovery.config import DifferentialConfig
 from recovery.format.layout import METRICS_FILE, scan, step_dir_name
-from recovery.integrity.trust import KEY_ENV
 from recovery.run import resume
 from recovery.run.journal import read
-from tests import launcher
-from tests.integration.conftest import ROOT, SMALL, assert_same_run
+from tests.integration.conftest import ROOT, SMALL, assert_same_run, recovery_export
 from tests.integration.test_tracking import project, train  # noqa: F401  (project: a fixture)
 from tests.unit.test_differential import sparse_state, train_step
 
@@ -76,15 +71,7 @@ def test_export_and_warm_start_read_a_delta_through_its_base(
     out = tmp_path / "served"
     overrides = [*SMALL, *DIFF, "train.steps=50", f"recipe.data.root={diff_data}"]
     overrides += [f"checkpoint.root={tmp_path / 'a'}", "export.source=50", f"export.out={out}"]
-    recovery = str(Path(sys.executable).with_name("recovery"))
-    done = launcher.run(
-        [recovery, "export", *overrides],
-        cwd=ROOT,
-        capture_output=True,
-        text=True,
-        env={**os.environ, KEY_ENV: str(signer.path)},
-        timeout=300,
-    )
+    done = recovery_export(overrides, signer)
     assert done.returncode == 0, done.stdout + done.stderr
     assert "parity {'max_abs_diff': 0.0" in done.stdout + done.stderr
     assert cli.main(["verify", str(out), "--trusted", str(signer.path.parent)]) == 0

@@ -45,3 +45,38 @@ def test_watchers_see_each_per_step_record_and_add_only_what_it_lacks(tmp_path):
         {"event": "checkpoint", "step": 1},
         {"step": 2, "loss": 3.0},
     ]
+
+
+def test_observers_see_every_record_and_the_close_once_and_a_failing_one_is_dropped(
+    tmp_path, caplog
+):
+    seen, ends = [], []
+
+    class Observer:
+        def seen(self, record):
+            seen.append(record)
+
+        def closed(self):
+            ends.append(True)
+
+    class Broken:
+        def seen(self, record):
+            raise ConnectionError("tracking server down")
+
+        def closed(self):
+            raise AssertionError("a dropped observer is not told the end")
+
+    journal = Journal(tmp_path / "m.jsonl")
+    journal.tap(Broken())
+    journal.tap(Observer())
+    journal.write({"event": "start", "run_id": "a"})
+    journal.step(1, loss=2.0)
+    journal.close()
+    journal.close()
+    journal.write({"step": 2, "loss": 1.0})  # after the close: neither written nor seen
+    assert seen == [{"event": "start", "run_id": "a"}, {"step": 1, "loss": 2.0}]
+    assert ends == [True]
+    assert [r.message for r in caplog.records].count(
+        next(r.message for r in caplog.records if "tracking server down" in r.message)
+    ) == 1
+    assert len(read(tmp_path / "m.jsonl")) == 2

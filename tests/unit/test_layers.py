@@ -15,7 +15,7 @@ from recovery.format.layout import step_dir_name
 from tests.conftest import commit_state, tiny_state
 
 REPO = Path(__file__).resolve().parents[2]
-EXTRAS = ("dvc", "hydra", "omegaconf", "matplotlib", "sklearn")
+EXTRAS = ("dvc", "hydra", "omegaconf", "matplotlib", "sklearn", "mlflow", "tensorboard")
 # Run in a fresh interpreter: every extra unimportable, as in a core-only install
 # (a None entry in sys.modules is what `import` and importlib.util.find_spec both honour).
 BLOCK = f"""

@@ -134,3 +134,34 @@ def state_at(run_dir, step):
 
     path = run_dir / step_dir_name(step)
     return resume.load(path, TrustStore([]), allow_untrusted=True).decoded.tree
+
+
+def test_every_trackers_key_is_documented():
+    import yaml
+
+    conf = Path(__file__).resolve().parents[2] / "conf" / "trackers" / "default.yaml"
+    for tracker, keys in yaml.safe_load(conf.read_text()).items():
+        for key in keys:
+            assert f"`trackers.{tracker}.{key}=`" in README, f"trackers.{tracker}.{key}"
+
+
+def test_the_own_loop_trackers_example_runs_and_writes_tensorboard_events(tmp_path):
+    import pytest
+
+    pytest.importorskip("tensorboard")
+    import torch
+    from tensorboard.backend.event_processing import event_accumulator as ea
+
+    from recovery import TrainState
+
+    block = README.split("## Trackers: TensorBoard and MLflow", 1)[1]
+    code = block.split("```python\n", 1)[1].split("```", 1)[0]
+    model = torch.nn.Linear(2, 1)
+    opt = torch.optim.SGD(model.parameters(), lr=0.1)
+    absent = {"scheduler": "a constant rate", "sampler": "no data"}
+    ns = {"tmp": tmp_path, "state": TrainState(model=model, optimizer=opt, absent=absent)}
+    exec(code, ns)
+    acc = ea.EventAccumulator(str(tmp_path / "tb"))
+    acc.Reload()
+    assert [e.step for e in acc.Scalars("loss")] == [1, 2, 3, 4]
+    assert [e.step for e in acc.Scalars("checkpoint/write_s")] == [2, 4]

@@ -1,0 +1,183 @@
+"""The trackers on a killed-and-resumed run: one MLflow run (a real ``mlflow server`` on
+127.0.0.1, SQLite store) and one TensorBoard series (read by TensorBoard's own reader)."""
+
+from __future__ import annotations
+
+import json
+import socket
+import subprocess
+import sys
+import time
+import urllib.request
+from pathlib import Path
+
+import numpy as np
+import pytest
+
+from recovery.format.layout import METRICS_FILE, step_dir_name
+from recovery.integrity.reader import read_manifest
+from recovery.run.journal import effective_steps, read
+from tests.integration.conftest import SMALL, STEPS, recovery_export
+
+mlflow = pytest.importorskip("mlflow", reason="the mlflow extra is not installed")
+pytest.importorskip("tensorboard", reason="the tensorboard extra is not installed")
+
+RESUMED_AT = 40  # checkpoints every 10 steps; killed at 45, after 41-45 were journaled
+
+
+def free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return int(s.getsockname()[1])
+
+
+@pytest.fixture(scope="session")
+def mlflow_started(tmp_path_factory):
+    """A real tracking server (SQLite store, artifacts served) starting: session-scoped and
+    requested first, so that its start-up overlaps the reference run's."""
+    where = tmp_path_factory.mktemp("mlflow")
+    port = free_port()
+    exe = Path(sys.executable).with_name("mlflow")
+    with open(where / "server.log", "w") as log:
+        proc = subprocess.Popen(
+            [
+                str(exe),
+                "server",
+                "--backend-store-uri",
+                f"sqlite:///{where / 'mlflow.db'}",
+                "--artifacts-destination",
+                str(where / "artifacts"),
+                "--host",
+                "127.0.0.1",
+                "--port",
+                str(port),
+                "--workers",
+                "1",
+            ],
+            stdout=log,
+            stderr=subprocess.STDOUT,
+        )
+    yield proc, f"http://127.0.0.1:{port}", where / "server.log"
+    proc.terminate()
+    try:
+        proc.wait(timeout=20)
+    except subprocess.TimeoutExpired:
+        proc.kill()
+
+
+@pytest.fixture
+def mlflow_server(mlflow_started):
+    """The server's address, once it answers."""
+    proc, uri, log = mlflow_started
+    deadline = time.monotonic() + 180
+    while True:
+        try:
+            with urllib.request.urlopen(f"{uri}/health", timeout=2) as answer:
+                if answer.status == 200:
+                    return uri
+        except OSError:
+            pass
+        if proc.poll() is not None or time.monotonic() > deadline:
+            proc.kill()
+            pytest.fail("mlflow server did not start:\n" + log.read_text())
+        time.sleep(0.3)
+
+
+def test_killed_and_resumed_run_is_one_mlflow_run_and_one_tensorboard_series(
+    mlflow_started, tmp_path, trainer, reference, mlflow_server, trust, signer, data_root
+):
+    from mlflow.tracking import MlflowClient
+    from tensorboard.backend.event_processing import event_accumulator as ea
+
+    root = tmp_path / "run"
+    tracked = (
+        "trackers.tensorboard.enabled=true",
+        "trackers.mlflow.enabled=true",
+        f"trackers.mlflow.tracking_uri={mlflow_server}",
+        "trackers.mlflow.experiment=killed-and-resumed",
+    )
+    killed = trainer(root, *tracked, pause_at="step-45")
+    assert killed.returncode == -9, killed.output
+    resumed = trainer(root, *tracked, "+resume=latest")
+    assert resumed.returncode == 0, resumed.output
+    assert "tracking failed" not in resumed.output
+    run_dir = resumed.run_dir
+    journal = read(run_dir / METRICS_FILE)
+    run_id = next(r["run_id"] for r in journal if r.get("event") == "start")
+    ref = effective_steps(reference / METRICS_FILE)
+
+    # MLflow: one run, continued, its resume marked, every step's loss the reference's
+    client = MlflowClient(mlflow_server)
+    experiment = client.get_experiment_by_name("killed-and-resumed")
+    runs = client.search_runs([experiment.experiment_id])
+    assert len(runs) == 1
+    run = runs[0]
+    ids = {r["mlflow_run_id"] for r in journal if r.get("event") == "mlflow_run"}
+    assert ids == {run.info.run_id}  # kept in the journal, continued by the resume
+    tags = run.data.tags
+    assert run.info.status == "FINISHED"
+    assert tags["recovery.run_id"] == run_id
+    assert tags["recovery.resumes"] == "1"
+    assert tags["recovery.resume.1"].startswith(f"at step {RESUMED_AT} from ")
+    assert "bit-identical" in tags["recovery.resume.1.check"]
+    marks = client.get_metric_history(run.info.run_id, "resumed_at")
+    assert [(m.step, m.value) for m in marks] == [(RESUMED_AT, float(RESUMED_AT))]
+    history = client.get_metric_history(run.info.run_id, "loss")
+    assert {m.step for m in history} == set(range(1, STEPS + 1))
+    for m in history:  # a redone step is there twice: the dead process's and the resume's
+        assert m.value == ref[m.step]["loss"], f"step {m.step}"
+    # each checkpoint's lineage, as the signed manifest has it
+    final = run_dir / step_dir_name(STEPS)
+    mf = read_manifest(final, trust)
+    logged = json.loads(
+        Path(
+            mlflow.artifacts.download_artifacts(
+                run_id=run.info.run_id,
+                artifact_path=f"checkpoints/{final.name}.json",
+                dst_path=str(tmp_path / "dl"),
+                tracking_uri=mlflow_server,
+            )
+        ).read_text()
+    )
+    assert logged["sha256"] == mf.root and logged["purpose"] == "continuation"
+    assert logged["signer"] == mf.signer.key_id
+    assert logged["previous"] == mf.recovery["previous"]["sha256"]
+    assert logged["parent"] == mf.recovery["parent"]["sha256"]  # the checkpoint resumed from
+    assert tags["recovery.checkpoint"] == final.name
+
+    # TensorBoard: one series (the dead process's steps after the checkpoint dropped)
+    acc = ea.EventAccumulator(
+        str(root / "runs" / "r"), size_guidance={ea.SCALARS: 0, ea.TENSORS: 0}
+    )
+    acc.Reload()
+    loss = acc.Scalars("loss")
+    assert [e.step for e in loss] == list(range(1, STEPS + 1))
+    for e in loss:  # TensorBoard stores float32
+        assert e.value == np.float32(ref[e.step]["loss"]), f"step {e.step}"
+    assert [(e.step, e.value) for e in acc.Scalars("resume/at_step")] == [(RESUMED_AT, 40.0)]
+    assert {e.step for e in acc.Scalars("checkpoint/write_s")} >= {10, 20, 30, 40, 50, 80}
+    verdicts = [
+        e.tensor_proto.string_val[0].decode() for e in acc.Tensors("resume_check/text_summary")
+    ]
+    assert len(verdicts) == 1 and "bit-identical" in verdicts[0]
+    assert not any(p.name.startswith("events") for p in run_dir.rglob("*"))  # none in the run
+
+    # the export: logged to the same run, a model version carrying its signature bundle
+    out = tmp_path / "served"
+    overrides = [*SMALL, f"checkpoint.root={root}", f"recipe.data.root={data_root}"]
+    done = recovery_export([*overrides, f"export.out={out}", *tracked], signer)
+    assert done.returncode == 0, done.stdout + done.stderr
+    assert "not registered" not in done.stdout + done.stderr
+    exported = read_manifest(out, trust)
+    (version,) = client.search_model_versions("name='r'")
+    assert version.run_id == run.info.run_id
+    assert version.tags["recovery.sha256"] == exported.root
+    assert version.tags["recovery.signer"] == exported.signer.key_id
+    assert version.tags["recovery.parent.sha256"] == mf.root  # made from the last checkpoint
+    assert version.tags["recovery.purpose"] == "inference"
+    files = {
+        Path(a.path).name
+        for a in client.list_artifacts(run.info.run_id, f"exports/served-step-{STEPS}")
+    }
+    assert {"model.sig", "state.json", "model.safetensors"} <= files
+    assert len(client.search_runs([experiment.experiment_id])) == 1
