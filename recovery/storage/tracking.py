@@ -123,8 +123,10 @@ def _lock_error() -> type[Exception]:
         return error
 
 
-def register(root: Path, dirs: list[Path]) -> None:
-    """``dvc add`` each directory (one ``.dvc`` file beside each).
+def register(root: Path, dirs: list[Path]) -> bool:
+    """``dvc add`` each directory (one ``.dvc`` file beside each); ``False`` when nothing
+    may be added here (inside a ``dvc repro``/``dvc exp run`` stage, DVC holds its lock:
+    ``recovery sync`` registers them afterwards).
 
     Raises:
         dvc.lock.LockError: another process holds the repository lock.
@@ -133,8 +135,12 @@ def register(root: Path, dirs: list[Path]) -> None:
             it) or the directory itself is a symlink: DVC follows links, so nothing is added.
     """
     if os.environ.get(STAGE_ENV):
-        log.info("inside dvc repro stage %s: not adding %s", os.environ[STAGE_ENV], dirs)
-        return
+        log.info(
+            "inside DVC stage %s: not adding %s (`recovery sync` registers it afterwards)",
+            os.environ[STAGE_ENV],
+            dirs,
+        )
+        return False
     for d in dirs:
         nofollow.refuse_link(d, "a committed checkpoint to register")
         nofollow.refuse_link(dvc_file(d), "DVC's record of a checkpoint (or nothing)")
@@ -149,6 +155,7 @@ def register(root: Path, dirs: list[Path]) -> None:
             raise TrackingError(f"dvc add {dirs}: {err}", path=dirs[0] if dirs else None) from err
         finally:
             repo.close()
+    return True
 
 
 def push(root: Path, dirs: list[Path], *, remote: str | None = None) -> None:
@@ -378,7 +385,8 @@ class Publisher:
                 step = parse_step(ckpt.name)
                 if step is not None and attempt == 0:
                     faults.reach(f"dvc-register-{step}")
-                register(self.root, [ckpt])
+                if not register(self.root, [ckpt]):
+                    return  # inside a DVC stage: pending, not registered
                 record(ckpt.parent, ckpt.name, registered=True)
                 if self.push:
                     if step is not None and attempt == 0:
