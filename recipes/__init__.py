@@ -23,6 +23,7 @@ from recovery.config import (
     typed,
 )
 from recovery.errors import ConfigError, RecoveryError, StorageError
+from recovery.run.trackers.config import TrackersConfig
 
 LOGS_DIR = ".hydra"
 """``<checkpoint.root>/.hydra/<run.name>/...``: Hydra's job logs (``hydra.run.dir`` and
@@ -55,6 +56,7 @@ GROUPS = {
     "health": HealthConfig,
     "dist": DistConfig,
     "drill": DrillConfig,
+    "trackers": TrackersConfig,
 }
 """The shared groups and their schemas (the recipe validates ``recipe``; export, ``export``)."""
 
@@ -87,7 +89,7 @@ def run(cfg: DictConfig) -> int:
         validate(cfg)
         return RECIPES[name](cfg)
     except OSError as err:
-        _discard_job_dir()
+        _discard_job_dir(cfg)
         if isinstance(err, RecoveryError):
             raise
         # the storage failed under the run (its directory deleted, the disk full): one line
@@ -98,28 +100,36 @@ def run(cfg: DictConfig) -> int:
             path=Path(err.filename) if isinstance(err.filename, str) else None,
         ) from err
     except Exception:
-        _discard_job_dir()
+        _discard_job_dir(cfg)
         raise
 
 
-def _discard_job_dir() -> None:
-    """Remove this Hydra job's log directory, and the directories above it up to
-    ``<checkpoint.root>/.hydra`` that this leaves empty: a run that fails before it wrote
-    anything leaves nothing behind (the run directory itself is tidied by the checkpointer,
-    which knows what it created)."""
+def _discard_job_dir(cfg: DictConfig) -> None:
+    """After a refused start: remove this Hydra job's log directory, and the directories
+    above it up to ``<checkpoint.root>/.hydra`` that this leaves empty, when the run left
+    nothing of its own (its run directory does not exist: a refused start removes what it
+    made). A run that started keeps its log, whatever ends it (a crash, a preemption)."""
     import shutil
 
     from hydra.core.hydra_config import HydraConfig
+    from omegaconf import OmegaConf
+
+    from recipes.common import sweep_job_name
 
     if not HydraConfig.initialized():
         return
+    root = Path(str(OmegaConf.select(cfg, "checkpoint.root", default="checkpoints")))
+    name = sweep_job_name(str(OmegaConf.select(cfg, "run.name", default="default")), cfg)
+    if (root / name).exists():
+        return  # the run began: its log is the record of what happened
+    logs = root / LOGS_DIR
     job_dir = Path(HydraConfig.get().runtime.output_dir)
-    if LOGS_DIR not in job_dir.parts:
+    if logs.absolute() not in job_dir.absolute().parents:
         return  # a job directory the command line placed elsewhere: the user's
     logging.shutdown()  # Hydra's file handler holds the job's log open
     shutil.rmtree(job_dir, ignore_errors=True)
     for directory in job_dir.parents:
         with contextlib.suppress(OSError):  # not empty: other jobs' logs stay
             directory.rmdir()
-        if directory.name == LOGS_DIR:
+        if directory.absolute() == logs.absolute():
             break

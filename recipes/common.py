@@ -212,37 +212,58 @@ def ignored(ckpt: Checkpointer, journal: Journal, fixed: dict[str, str]) -> None
         journal.write({"event": "override_ignored", "lines": lines})
 
 
-MAX_JOB_NAME = 120
-"""Longest sweep job directory name (a file name holds 255 bytes)."""
+MAX_JOB_NAME = 200
+"""Longest sweep job directory name, in bytes (a file name holds 255)."""
 
 
-def sweep_job_name(name: str) -> str:
+NAMES_NO_JOB = ("resume", "init_from", "checkpoint.root", "run.name")
+"""Overrides that never tell two sweep jobs apart: a requeue adds ``+resume``, and the
+roots are already the job's path."""
+
+
+def sweep_job_name(name: str, cfg: DictConfig | None = None) -> str:
     """The run name of this job: ``run.name``, or under a Hydra sweep (``-m``)
-    ``<run.name>/<the job's overrides>``, so each job of a sweep is its own run and the
-    same sweep with ``+resume=latest`` resumes each job in its own. The overrides are
-    Hydra's ``override_dirname`` for the job, sorted, without the keys that name no job
-    (``hydra.job.config.override_dirname.exclude_keys``: ``+resume``, ``+init_from``, the
-    roots) and without secret-looking keys (a password names no job, and must not appear
-    in a path); ``/`` in a value becomes ``_``, and a name longer than
-    :data:`MAX_JOB_NAME` keeps its start and a digest of the whole."""
+    ``<run.name>.sweep/<the job's overrides>``, so each job of a sweep is its own run, the
+    same sweep with ``+resume=latest`` resumes each job in its own, and no job lands in
+    the plain run's directory (DVC's export stage depends on it).
+
+    The job's overrides are Hydra's ``override_dirname`` for it, sorted, without
+    :data:`NAMES_NO_JOB`; an override that is a secret (a secret-looking key, or a
+    secret of ``cfg`` in its value), a path, or a key the config lists in
+    ``hydra.job.config.override_dirname.exclude_keys`` is left out of the words and
+    kept in a digest at the end (``~<12 hex>``), so two jobs that differ only there
+    still get two runs; a name past :data:`MAX_JOB_NAME` bytes keeps its start and a
+    digest of the whole."""
     from hydra.core.hydra_config import HydraConfig
     from hydra.types import RunMode
 
-    from recovery.provenance.capture import is_secret_key
+    from recovery.provenance.capture import is_secret_key, mask, secret_values
 
     if not HydraConfig.initialized() or HydraConfig.get().mode != RunMode.MULTIRUN:
         return name
     hc = HydraConfig.get()
     exclude = set(hc.job.config.override_dirname.exclude_keys or [])
-    named = sorted(
-        item.lstrip("+~")
-        for item in hc.overrides.task
-        if (key := item.split("=", 1)[0].lstrip("+~")) not in exclude and not is_secret_key(key)
-    )
-    job = (",".join(named) or f"job{hc.job.num}").replace("/", "_")
-    if len(job) > MAX_JOB_NAME:  # a file name has 255 bytes at most: keep it stable, short
-        job = f"{job[: MAX_JOB_NAME - 13]}~{hashlib.sha256(job.encode()).hexdigest()[:12]}"
-    return f"{name}/{job}"
+    container = OmegaConf.to_container(cfg, resolve=True) if cfg is not None else {}
+    secrets = secret_values(container)
+    shown, hidden = [], []
+    for item in sorted(i.lstrip("+~") for i in hc.overrides.task):
+        key, _, value = item.partition("=")
+        if key in NAMES_NO_JOB:
+            continue
+        private = is_secret_key(key) or mask(value, secrets) != value
+        if private or key in exclude or "/" in value:
+            hidden.append(item)
+        else:
+            shown.append(item)
+    job = ",".join(shown) or ("job" if hidden else f"job{hc.job.num}")
+    if hidden:
+        job += "~" + hashlib.sha256("\n".join(hidden).encode()).hexdigest()[:12]
+    if len(job.encode()) > MAX_JOB_NAME:  # a file name has 255 bytes at most
+        job = (
+            f"{job.encode()[: MAX_JOB_NAME - 13].decode(errors='ignore')}~"
+            + (hashlib.sha256(job.encode()).hexdigest()[:12])
+        )
+    return f"{name}.sweep/{job}"
 
 
 def train(
@@ -287,7 +308,7 @@ def train(
         ck = dataclasses.replace(ck, best_metric=best_metric)
     run_cfg = typed(RunConfig, cfg.run, key="run")
     steps = typed(TrainConfig, cfg.train, key="train")
-    run_dir = Path(ck.root) / sweep_job_name(run_cfg.name)
+    run_dir = Path(ck.root) / sweep_job_name(run_cfg.name, cfg)
     journal = Journal(run_dir / METRICS_FILE if world.leader else None)
     tracked = typed(TrackersConfig, OmegaConf.select(cfg, "trackers", default=None), key="trackers")
     trackers.attach(journal, tracked, run_dir=run_dir)  # before restore: they see the resume

@@ -42,7 +42,10 @@ class MaskSecrets(logging.Filter):
 
     def filter(self, record: logging.LogRecord) -> bool:
         text = record.getMessage()
-        masked = mask(text, self.secrets)
+        # each override on the line redacted by its key (a sweep's value, ``+db.password=a``
+        # of ``a,b``, is no whole secret known in advance), then any known secret masked
+        words = [redact_overrides([w])[0] if "=" in w else w for w in text.split(" ")]
+        masked = mask(" ".join(words), self.secrets)
         if masked != text:
             record.msg, record.args = masked, ()
         return True

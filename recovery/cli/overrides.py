@@ -101,7 +101,8 @@ def preflight(script: str, argv: Sequence[str], conf: Path) -> None:
     from omegaconf import OmegaConf
 
     key = "hydra.sweep.dir" if multirun else "hydra.run.dir"
-    job_dir = OmegaConf.select(cfg, key, default=None) if cfg is not None else None
+    inspecting = args.cfg or args.info  # Hydra prints and writes nothing
+    job_dir = OmegaConf.select(cfg, key, default=None) if cfg and not inspecting else None
     if job_dir is not None:
         writable(Path(str(job_dir)))
 

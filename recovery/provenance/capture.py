@@ -254,8 +254,11 @@ def dataset_version(data: Path | None, root: Path) -> dict[str, Any]:
     if out is not None and out.get("md5"):
         from recovery.storage import tracking
 
-        names = {str(out.get("path")), _relative(data, root)}
-        status = tracking.data_status(root, str(out["target"]), names)
+        # DVC names outputs relative to the working directory, stages by their file
+        names = {str(out.get("path")), _relative(data, root), os.path.relpath(data)}
+        stage = str(out["target"])
+        target = stage if out["source"].startswith("dvc:") else f"{root / 'dvc.yaml'}:{stage}"
+        status = tracking.data_status(root, target, names)
         record: dict[str, Any] = {
             "source": out["source"],
             "path": str(data),

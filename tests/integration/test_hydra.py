@@ -11,7 +11,7 @@ import yaml
 from recovery.format.layout import METRICS_FILE, scan
 from recovery.run.journal import effective_steps
 from tests import launcher
-from tests.integration.conftest import ROOT, SMALL, STEPS, TRAIN, assert_same_run
+from tests.integration.conftest import ROOT, SMALL, TRAIN, assert_same_run
 
 SECRET = "hunter2-do-not-log"
 
@@ -32,20 +32,26 @@ def test_a_killed_sweep_resumes_each_job_in_its_own_run(trainer, tmp_path, refer
     sweep = ["hydra.mode=MULTIRUN", "seed=choice(0,1)", f"+db.password={SECRET}"]
     killed = trainer(root, *sweep, pause_at="step-30")  # in the first job, seed=0
     assert killed.returncode != 0
-    first = job_dirs(root / "r")
+    first = job_dirs(root / "r.sweep")
     assert list(first) == ["seed=0"] and [s for s, _ in scan(first["seed=0"]).committed][-1] == 30
+    # requeued: the first job resumes past step 30 and ends; the second is killed at its 30
+    again = trainer(root, *sweep, "+resume=latest", pause_at="step-30")
+    assert again.returncode != 0 and sorted(job_dirs(root / "r.sweep")) == ["seed=0", "seed=1"]
     done = trainer(root, *sweep, "+resume=latest")
     assert done.returncode == 0, done.output
-    jobs = job_dirs(root / "r")
-    assert sorted(jobs) == ["seed=0", "seed=1"]
-    assert_same_run(reference, jobs["seed=0"], trust)  # resumed, exactly
-    other = effective_steps(jobs["seed=1"] / METRICS_FILE)
-    assert sorted(other) == list(range(1, STEPS + 1))  # its own run, from step 0
-    assert other[1]["batch"] != effective_steps(jobs["seed=0"] / METRICS_FILE)[1]["batch"]
+    jobs = job_dirs(root / "r.sweep")
+    assert_same_run(reference, jobs["seed=0"], trust)  # each resumed, exactly
+    seed1 = trainer(tmp_path / "seed1", "seed=1")  # the second job's uninterrupted run
+    assert seed1.returncode == 0, seed1.output
+    assert_same_run(seed1.run_dir, jobs["seed=1"], trust)
+    assert (
+        effective_steps(jobs["seed=1"] / METRICS_FILE)[1]["batch"]
+        != (effective_steps(jobs["seed=0"] / METRICS_FILE)[1]["batch"])
+    )
     # Hydra's logs and multirun.yaml beside the runs, and no secret in any file under root
     logs = root / ".hydra" / "r"
-    assert len(list(logs.glob("multirun-*/multirun.yaml"))) == 2
-    assert not any(p.name.startswith("multirun") for p in (root / "r").rglob("*"))
+    assert len(list(logs.glob("multirun-*/multirun.yaml"))) == 3
+    assert not any(p.name.startswith("multirun") for p in (root / "r.sweep").rglob("*"))
     leaked = [p for p in root.rglob("*") if p.is_file() and SECRET.encode() in p.read_bytes()]
     assert not leaked, leaked
 

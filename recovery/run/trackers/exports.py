@@ -13,6 +13,7 @@ from __future__ import annotations
 
 from pathlib import Path
 
+from recovery.format.layout import METRICS_FILE
 from recovery.integrity.signing import TrustStore
 from recovery.run.trackers.config import MlflowConfig
 from recovery.run.trackers.mlflow import RUN_TAG, client_for, experiment, find_run
@@ -36,7 +37,7 @@ def register_export(
     source = (rec.get("export") or {}).get("source") or {}
     run_id = str(rec.get("run_id"))
     client = client_for(cfg)
-    mlflow_run_id = find_run(client, cfg, run_dir / "metrics.jsonl", run_id)
+    mlflow_run_id = find_run(client, cfg, run_dir / METRICS_FILE, run_id)
     if mlflow_run_id is None:
         exp = experiment(client, cfg.experiment)
         mlflow_run_id = str(
