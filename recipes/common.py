@@ -311,7 +311,8 @@ def train(
     run_dir = Path(ck.root) / sweep_job_name(run_cfg.name, cfg)
     journal = Journal(run_dir / METRICS_FILE if world.leader else None)
     tracked = typed(TrackersConfig, OmegaConf.select(cfg, "trackers", default=None), key="trackers")
-    trackers.attach(journal, tracked, run_dir=run_dir)  # before restore: they see the resume
+    # before restore: they see the resume; named by the whole run name (a sweep job's too)
+    trackers.attach(journal, tracked, run_dir=run_dir, run_name=sweep_job_name(run_cfg.name, cfg))
     guard = PreemptionGuard(ck.preempt_signals)
     ckpt = make_checkpointer(
         cfg,

@@ -51,6 +51,8 @@ print(sorted({{m.split('.')[0] for m in sys.modules}} & {{"mlflow", "tensorboard
 def test_tensorboard_directory_defaults_to_runs_and_is_never_inside_the_run(tmp_path):
     run = tmp_path / "ck" / "r"
     assert trackers.log_dir(TensorBoardConfig(), run) == Path("runs") / "r"
+    job = "r.sweep/seed=0"  # a sweep job: its whole name, never another run's directory
+    assert trackers.log_dir(TensorBoardConfig(), run, job) == Path("runs") / "r.sweep" / "seed=0"
     assert trackers.log_dir(TensorBoardConfig(log_dir="tb/x"), run) == Path("tb/x")
     with pytest.raises(ConfigError, match="inside the run directory"):
         trackers.log_dir(TensorBoardConfig(log_dir=str(run / "tb")), run)

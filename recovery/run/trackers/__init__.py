@@ -39,13 +39,16 @@ DEFAULT_PARENT = "runs"
 """TensorBoard's usual parent directory: the default log directory is ``runs/<run name>``."""
 
 
-def log_dir(cfg: TensorBoardConfig, run_dir: Path) -> Path:
-    """Where the run at ``run_dir`` writes its event files.
+def log_dir(cfg: TensorBoardConfig, run_dir: Path, run_name: str | None = None) -> Path:
+    """Where the run at ``run_dir`` writes its event files: ``trackers.tensorboard.log_dir``,
+    or ``runs/<run_name>`` (default: the run directory's name). The recipes pass the run's
+    whole name (a sweep job's ``<run.name>.sweep/<overrides>``), so two runs never share
+    a directory, whose restart markers would drop each other's points.
 
     Raises:
         ConfigError: the directory is inside the run directory (which holds only the run).
     """
-    where = Path(cfg.log_dir) if cfg.log_dir else Path(DEFAULT_PARENT) / run_dir.name
+    where = Path(cfg.log_dir) if cfg.log_dir else Path(DEFAULT_PARENT) / (run_name or run_dir.name)
     inside = where.resolve().is_relative_to(run_dir.resolve())
     if inside:
         raise ConfigError(
@@ -67,7 +70,8 @@ def attach(
         journal: the run's journal (a checkpointer's ``ckpt.journal``).
         cfg: which trackers, and where.
         run_dir: the run directory (the default TensorBoard directory is named by it).
-        run_name: the MLflow run's name; default: the run directory's name.
+        run_name: the run's name (the MLflow run's, and the default TensorBoard directory
+            under ``runs/``); default: the run directory's name.
 
     Raises:
         ConfigError: the TensorBoard directory is inside the run directory.
@@ -78,7 +82,7 @@ def attach(
     if cfg.tensorboard.enabled:
         from recovery.run.trackers.tensorboard import TensorBoardTracker
 
-        trackers.append(TensorBoardTracker(log_dir(cfg.tensorboard, run_dir)))
+        trackers.append(TensorBoardTracker(log_dir(cfg.tensorboard, run_dir, run_name)))
     if cfg.mlflow.enabled:
         from recovery.run.trackers.mlflow import MlflowTracker
 
