@@ -191,20 +191,18 @@ def _under(path: Path, top: Path) -> bool:
     return True
 
 
-def _relative(data: Path, root: Path) -> str:
+def _relative(data: Path, root: Path) -> str | None:
+    """``data`` relative to ``root`` (posix), or ``None`` when it lies outside."""
     try:
         return data.resolve().relative_to(root.resolve()).as_posix()
     except ValueError:
-        return str(data)
+        return None
 
 
 def _dvc_out(data: Path, root: Path) -> dict[str, Any] | None:
     """The DVC record of ``data`` from ``<data>.dvc`` or ``dvc.lock``, if any."""
     sidecar = data.with_name(data.name + ".dvc")
-    try:
-        rel = data.resolve().relative_to(root.resolve()).as_posix()
-    except ValueError:
-        rel = None
+    rel = _relative(data, root)
     if sidecar.is_file():
         doc = _dvc_yaml(sidecar)
         for out in doc.get("outs") or []:
@@ -252,13 +250,13 @@ def dataset_version(data: Path | None, root: Path) -> dict[str, Any]:
         return {"source": "missing", "path": str(data)}
     out = _dvc_out(data, root)
     if out is not None and out.get("md5"):
-        from recovery.storage import tracking
+        from recovery.storage import dvc_status
 
         # DVC names outputs relative to the working directory, stages by their file
-        names = {str(out.get("path")), _relative(data, root), os.path.relpath(data)}
+        names = {str(out.get("path")), _relative(data, root) or str(data), os.path.relpath(data)}
         stage = str(out["target"])
         target = stage if out["source"].startswith("dvc:") else f"{root / 'dvc.yaml'}:{stage}"
-        status = tracking.data_status(root, target, names)
+        status = dvc_status.data_status(root, target, names)
         record: dict[str, Any] = {
             "source": out["source"],
             "path": str(data),
@@ -271,15 +269,11 @@ def dataset_version(data: Path | None, root: Path) -> dict[str, Any]:
         if status is not None and status.outdated:
             # the data is what DVC recorded; what would make it has changed since
             record["stage"] = {"name": str(out["target"]), "outdated": status.outdated}
+            changed = ", ".join(status.outdated)
             log.warning(
-                "the DVC stage %s that makes %s is out of date (changed: %s); the data "
-                "itself is its DVC version md5:%s and is recorded so. Run `dvc repro %s` "
-                "to remake it from the current code and config.",
-                out["target"],
-                data,
-                ", ".join(status.outdated),
-                out["md5"],
-                out["target"],
+                f"the DVC stage {stage} that makes {data} is out of date (changed: {changed}); "
+                f"the data itself is its DVC version md5:{out['md5']} and is recorded so. "
+                f"Run `dvc repro {stage}` to remake it from the current code and config."
             )
         if record["modified"]:
             fp = fingerprint(data)

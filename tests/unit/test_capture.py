@@ -109,7 +109,7 @@ def test_a_dataset_is_modified_only_when_its_data_differs(status, modified, outd
     """DVC's status of a stage mixes its dependencies and its outputs: a changed dependency
     is a stage out of date, not modified data; "not in cache" compares nothing (the caller
     compares the workspace). The shapes are DVC 3.67's (``dvc/stage/__init__.py``)."""
-    from recovery.storage.tracking import status_of
+    from recovery.storage.dvc_status import status_of
 
     got = status_of(status, {"data/x", "x"})
     assert (got.modified, got.outdated, got.unknown) == (modified, outdated, unknown)
