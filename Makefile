@@ -5,7 +5,7 @@ BIN := $(VENV)/bin
 STAMP := $(VENV)/.installed
 PYTEST_JOBS ?= -n 2 --dist worksteal
 
-.PHONY: demo test test-fast lint install clean bench bench-dist bench-diff
+.PHONY: demo test test-fast lint docs install clean bench bench-dist bench-diff
 
 $(BIN)/python:
 	$(PY) -m venv $(VENV)
@@ -26,6 +26,7 @@ lint: $(STAMP)
 	$(BIN)/ruff format --check recovery recipes hydra_plugins tests examples train.py demo.py benchmarks
 	$(BIN)/mypy
 	$(BIN)/lint-imports
+	NO_MKDOCS_2_WARNING=1 $(BIN)/mkdocs build --strict --quiet --site-dir site
 
 # The whole suite, its 30 slowest tests and the total (lint included) printed at the end.
 # Test processes start from a preloaded launcher (tests/launcher/); -n 2: one pytest
@@ -40,6 +41,11 @@ test: $(STAMP)
 # (marked `key`): exact resume after SIGKILL, a drill, the DVC pipeline, torchrun.
 test-fast: $(STAMP)
 	$(BIN)/python -m pytest -q $(PYTEST_JOBS) -m "key or not integration" --durations=10 $(PYTEST_ARGS)
+
+# The documentation site (docs/, mkdocs.yml) on http://127.0.0.1:8000, rebuilt on each change;
+# `make lint` builds it with --strict into the git-ignored site/.
+docs: $(STAMP)
+	NO_MKDOCS_2_WARNING=1 $(BIN)/mkdocs serve
 
 demo: $(STAMP)
 	$(BIN)/python demo.py

@@ -1,8 +1,9 @@
-"""examples/plain_loop.py, the README's own-loop section: SIGKILLed, rerun, resumed exactly."""
+"""examples/plain_loop.py, the docs' own-loop page: SIGKILLed, rerun, resumed exactly."""
 
 from __future__ import annotations
 
 import os
+import re
 import signal
 import sys
 from pathlib import Path
@@ -21,7 +22,7 @@ from tests.integration.conftest import run_killed_at
 
 ROOT = Path(__file__).resolve().parents[2]
 SCRIPT = ROOT / "examples" / "plain_loop.py"
-README = (ROOT / "README.md").read_text()
+OWN_LOOP = (ROOT / "docs" / "own-loop.md").read_text()
 
 # what an install of the core alone lacks: the script must not need any of it
 BLOCK = """
@@ -39,9 +40,9 @@ runpy.run_path(sys.argv[0], run_name="__main__")
 """
 
 
-def test_the_readme_own_loop_section_is_the_example_file() -> None:
-    section = README.split("### Using it in your own loop", 1)[1]
-    block = section.split("```python\n", 1)[1].split("```", 1)[0]
+def test_the_docs_own_loop_page_shows_the_example_file() -> None:
+    # the page's first python block (its fence carries a title saying it is this file)
+    block = re.split(r"^```python[^\n]*\n", OWN_LOOP, maxsplit=1, flags=re.M)[1].split("```", 1)[0]
     assert block == SCRIPT.read_text()
 
 
