@@ -61,17 +61,64 @@ GROUPS = {
 """The shared groups and their schemas (the recipe validates ``recipe``; export, ``export``)."""
 
 
+ADDED_KEYS = ("resume", "init_from")
+"""The keys a command line adds (``+resume=``, ``+init_from=``): an added key close to one
+of them is a typo, refused before it silently starts a fresh run."""
+
+
+def _recipe_schema(name: str) -> type:
+    if name == "classifier":
+        from recipes.classifier import ClassifierConfig
+
+        return ClassifierConfig
+    from recipes.embedding import EmbeddingConfig
+
+    return EmbeddingConfig
+
+
 def validate(cfg: DictConfig) -> None:
-    """Validate every config group at start-up, so a bad value fails before anything runs
-    (``export.dtype=int8`` refused now, not after training at export).
+    """Validate every value of the composed config at start-up, so a bad value fails in one
+    line (exit 12) before anything runs (``export.dtype=int8`` refused now, not after
+    training at export; ``seed=-1`` here, not as numpy's traceback in the sampler).
+
+    Checks the added keys (``+resme=latest`` is refused with the likely intended key),
+    ``seed``, ``+resume``/``+init_from``, the recipe's own schema,
+    ``purposes.*`` and every group of :data:`GROUPS` and ``export``.
 
     Raises:
-        ConfigError: naming the first bad key.
+        ConfigError: naming the first bad key, the value and a valid one.
     """
     from omegaconf import OmegaConf
 
     from recipes.export import ExportConfig
+    from recovery.config import check_seed, did_you_mean, refuse
+    from recovery.provenance.purpose import PurposeSpec
+    from recovery.run.resume import parse_spec
 
+    for top in map(str, cfg):  # a project may add its own keys (+db.password=...)
+        hint = did_you_mean(top, list(ADDED_KEYS))
+        if hint and top not in ADDED_KEYS:
+            raise ConfigError(
+                f"+{top}: not a key of the config{hint.replace('`', '`+', 1)} (remove +{top}=)"
+            )
+    check_seed(OmegaConf.select(cfg, "seed", default=None))
+    for key in ("resume", "init_from"):
+        if key in cfg:
+            parse_spec(cfg[key], f"+{key}")
+    name = str(OmegaConf.select(cfg, "recipe.name", default=""))
+    if name not in RECIPES:
+        raise refuse(
+            "recipe", f"unknown recipe {name!r}; choose one of {sorted(RECIPES)}", "embedding"
+        )
+    typed(_recipe_schema(name), cfg.recipe, key="recipe")
+    for purpose, node in (OmegaConf.select(cfg, "purposes", default=None) or {}).items():
+        spec = typed(PurposeSpec, node, key=f"purposes.{purpose}")
+        if spec.name != purpose:
+            raise refuse(
+                f"purposes.{purpose}.name",
+                f"must name its own purpose {purpose!r}, got {spec.name!r}",
+                purpose,
+            )
     for key, schema in {**GROUPS, "export": ExportConfig}.items():
         typed(schema, OmegaConf.select(cfg, key, default=None), key=key)
 
@@ -83,11 +130,8 @@ def run(cfg: DictConfig) -> int:
     leaves nothing behind: not even the log directory Hydra made for it.
     """
     try:
-        name = str(cfg.recipe.name)
-        if name not in RECIPES:
-            raise ConfigError(f"recipe={name}: unknown recipe; choose one of {sorted(RECIPES)}")
         validate(cfg)
-        return RECIPES[name](cfg)
+        return RECIPES[str(cfg.recipe.name)](cfg)
     except OSError as err:
         _discard_job_dir(cfg)
         if isinstance(err, RecoveryError):

@@ -31,6 +31,7 @@ from torch.utils.data import DataLoader, Dataset
 from recipes import common
 from recipes.common import seed_everything, warmup_cosine
 from recovery.config import TrainConfig, typed
+from recovery.config.checks import at_least, check_seed, positive, refuse, within
 from recovery.errors import ConfigError
 from recovery.state.registry import TrainState
 from recovery.state.sampler import ResumableSampler
@@ -39,6 +40,10 @@ log = logging.getLogger(__name__)
 
 FIXED_ON_RESUME = {"recipe.lr": "the optimizer's and LR schedule's state"}
 """Keys a resume restores from the checkpoint, whatever the command line says."""
+
+
+DIGITS = 1797
+"""Images in scikit-learn's digits data set."""
 
 
 @dataclass(kw_only=True)
@@ -63,11 +68,22 @@ class ClassifierConfig:
     """Log a validation line every this many steps (checkpoints always record validation)."""
 
     def __post_init__(self) -> None:
-        for key in ("batch_size", "val_size", "eval_every"):
-            if getattr(self, key) <= 0:
-                raise ConfigError(f"recipe.{key}: must be positive, got {getattr(self, key)}")
-        if self.num_workers < 0:
-            raise ConfigError(f"recipe.num_workers: must be >= 0, got {self.num_workers}")
+        for key, example in (("batch_size", 64), ("val_size", 297), ("eval_every", 50)):
+            positive(f"recipe.{key}", getattr(self, key), example)
+        positive("recipe.lr", self.lr, 0.003)
+        at_least("recipe.num_workers", self.num_workers, 0, 2, " (0: in the training process)")
+        at_least("recipe.warmup_steps", self.warmup_steps, 0, 20)
+        at_least("recipe.noise", self.noise, 0, 0.05)
+        within("recipe.min_lr_ratio", self.min_lr_ratio, 0.0, 1.0)
+        within("recipe.dropout", self.dropout, 0.0, 1.0, open_high=True)
+        check_seed(self.data_seed, "recipe.data_seed")
+        if self.val_size >= DIGITS:
+            raise refuse(
+                "recipe.val_size",
+                f"must be below the data set's {DIGITS} images (some must train), "
+                f"got {self.val_size}",
+                297,
+            )
 
 
 @dataclass(frozen=True)

@@ -22,6 +22,7 @@ import numpy as np
 import safetensors.numpy
 import torch
 
+from recovery.config.checks import at_least, check_seed, positive, refuse, within
 from recovery.errors import ConfigError
 
 log = logging.getLogger(__name__)
@@ -53,16 +54,19 @@ class DataConfig:
     """Fraction of interactions (the last ones) held out for validation and export parity."""
 
     def __post_init__(self) -> None:
-        for name in ("num_users", "num_items", "num_interactions", "shards", "latent_dim"):
-            if getattr(self, name) <= 0:
-                raise ConfigError(
-                    f"recipe.data.{name}: must be positive, got {getattr(self, name)}"
-                )
-        if not 0.0 <= self.holdout < 0.5:
-            raise ConfigError(f"recipe.data.holdout: must be in [0, 0.5), got {self.holdout}")
+        defaults = {"num_users": 2000, "num_items": 1000, "num_interactions": 100_000}
+        for name, example in {**defaults, "shards": 4, "latent_dim": 8}.items():
+            positive(f"recipe.data.{name}", getattr(self, name), example)
+        within("recipe.data.holdout", self.holdout, 0.0, 0.5, open_high=True)
+        at_least("recipe.data.signal", self.signal, 0, 3.0)
+        at_least("recipe.data.noise", self.noise, 0, 0.5)
+        check_seed(self.seed, "recipe.data.seed")
         if self.shards > self.num_interactions:
-            raise ConfigError(
-                f"recipe.data.shards: {self.shards} shards for {self.num_interactions} interactions"
+            raise refuse(
+                "recipe.data.shards",
+                f"{self.shards} shards for {self.num_interactions} interactions (at most one "
+                "shard per interaction)",
+                4,
             )
 
 

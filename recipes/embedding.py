@@ -22,6 +22,7 @@ from recipes import common
 from recipes.common import seed_everything, warmup_cosine
 from recipes.data import DataConfig, Interactions, load
 from recovery.config import TrainConfig, typed
+from recovery.config.checks import at_least, positive, refuse, within
 from recovery.errors import ConfigError
 from recovery.parallel import world as distributed
 from recovery.parallel.world import World
@@ -50,10 +51,8 @@ class ModelConfig:
     """Dropout on both embeddings during training."""
 
     def __post_init__(self) -> None:
-        if self.dim <= 0:
-            raise ConfigError(f"recipe.model.dim: must be positive, got {self.dim}")
-        if not 0.0 <= self.dropout < 1.0:
-            raise ConfigError(f"recipe.model.dropout: must be in [0, 1), got {self.dropout}")
+        positive("recipe.model.dim", self.dim, 32)
+        within("recipe.model.dropout", self.dropout, 0.0, 1.0, open_high=True)
 
 
 @dataclass(kw_only=True)
@@ -74,18 +73,16 @@ class OptimConfig:
 
     def __post_init__(self) -> None:
         if self.sparse and self.weight_decay:
-            raise ConfigError(
-                f"recipe.optim.weight_decay: {self.weight_decay} with recipe.optim.sparse=true; "
-                "SparseAdam has no weight decay: set recipe.optim.weight_decay=0"
+            raise refuse(
+                "recipe.optim.weight_decay",
+                f"{self.weight_decay} with recipe.optim.sparse=true; SparseAdam has no weight "
+                "decay",
+                0,
             )
-        if self.lr <= 0:
-            raise ConfigError(f"recipe.optim.lr: must be positive, got {self.lr}")
-        if self.warmup_steps < 0:
-            raise ConfigError(f"recipe.optim.warmup_steps: must be >= 0, got {self.warmup_steps}")
-        if not 0.0 <= self.min_lr_ratio <= 1.0:
-            raise ConfigError(
-                f"recipe.optim.min_lr_ratio: must be in [0, 1], got {self.min_lr_ratio}"
-            )
+        positive("recipe.optim.lr", self.lr, 0.01)
+        at_least("recipe.optim.weight_decay", self.weight_decay, 0, 0.0)
+        at_least("recipe.optim.warmup_steps", self.warmup_steps, 0, 100)
+        within("recipe.optim.min_lr_ratio", self.min_lr_ratio, 0.0, 1.0)
 
 
 @dataclass(kw_only=True)
@@ -97,8 +94,7 @@ class EmbeddingConfig:
     optim: OptimConfig = field(default_factory=OptimConfig)
 
     def __post_init__(self) -> None:
-        if self.batch_size <= 0:
-            raise ConfigError(f"recipe.batch_size: must be positive, got {self.batch_size}")
+        positive("recipe.batch_size", self.batch_size, 256)
 
 
 class DotProduct(nn.Module):

@@ -26,6 +26,7 @@ from torch import nn
 from recipes.data import Interactions, load
 from recipes.embedding import DotProduct, EmbeddingConfig
 from recovery.config import CheckpointConfig, RunConfig, SigningConfig, typed
+from recovery.config.checks import refuse
 from recovery.errors import ConfigError, ExportError
 from recovery.integrity import trust
 from recovery.parallel import sharded
@@ -48,9 +49,14 @@ class ExportConfig:
 
     def __post_init__(self) -> None:
         if self.dtype not in export.DTYPES:
-            raise ConfigError(
-                f"export.dtype: expected one of {sorted(export.DTYPES)}, got {self.dtype!r}"
+            raise refuse(
+                "export.dtype",
+                f"expected one of {sorted(export.DTYPES)}, got {self.dtype!r}",
+                "float32",
             )
+        if not str(self.out).strip():
+            raise refuse("export.out", "must be a directory path, got an empty string", "artifacts")
+        resume.parse_spec(self.source, "export.source")
 
 
 class Serving(nn.Module):

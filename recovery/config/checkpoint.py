@@ -1,0 +1,185 @@
+"""``checkpoint.*``: where and when checkpoints are written, and which are kept."""
+
+from __future__ import annotations
+
+import importlib.util
+from dataclasses import dataclass, field
+from typing import ClassVar
+
+from recovery.config.checks import (
+    at_least,
+    check_duration,
+    check_signals,
+    not_empty,
+    one_of,
+    refuse,
+)
+from recovery.errors import ConfigError
+
+
+@dataclass(kw_only=True)
+class DvcConfig:
+    """DVC tracking of committed checkpoints."""
+
+    enabled: bool = True
+    """Register each committed checkpoint with DVC when the checkpoint root is in a DVC repo."""
+    push: bool = False
+    """Also push each registered checkpoint to the remote."""
+    remote: str | None = None
+    """Remote name; unset: the repository's default remote."""
+    close_timeout: str = "120s"
+    """How long the end of a run waits for pending registrations and pushes."""
+
+    def __post_init__(self) -> None:
+        not_empty("checkpoint.dvc.remote", self.remote, "null")
+        check_duration("checkpoint.dvc.close_timeout", self.close_timeout, "120s")
+
+
+@dataclass(kw_only=True)
+class DifferentialConfig:
+    """``checkpoint.differential``: checkpoints that write only the table rows that changed."""
+
+    enabled: bool = False
+    """Write a *delta* (the rows of each large table, parameters and optimizer state, that
+    differ from the last full checkpoint, its *base*) instead of a full checkpoint."""
+    full_every: int = 10
+    """Every this many saves is a full base (1: every save; the others are deltas of it)."""
+    min_mb: float = 1.0
+    """A tensor with at least this many MiB (and rows) is compared row by row; smaller
+    ones are written whole."""
+
+    def __post_init__(self) -> None:
+        key = "checkpoint.differential"
+        at_least(f"{key}.full_every", self.full_every, 1, 10, " (1: every save is full)")
+        at_least(f"{key}.min_mb", self.min_mb, 0, 1)
+
+    @property
+    def min_bytes(self) -> int:
+        """``min_mb`` in bytes."""
+        return int(self.min_mb * (1 << 20))
+
+
+# fmt: off
+TIMING_KEYS = ("time", "dt", "elapsed", "wall", "wall_s", "step_time", "duration", "mfu",
+               "throughput", "tokens_per_s", "samples_per_s", "it_per_s", "mem", "memory")
+# fmt: on
+"""Per-step record fields that measure the machine, not the run: never compared."""
+
+
+@dataclass(kw_only=True)
+class ResumeCheckConfig:
+    """``checkpoint.resume_check``: each resume's redone steps against the record of the run
+    that died (:mod:`recovery.run.selfcheck`)."""
+
+    enabled: bool = True
+    """Compare the redone steps (it reads nothing the resume does not read already)."""
+    rtol: float = 0.0
+    """Relative tolerance of a number (0: bit-identical, the CPU default)."""
+    atol: float = 0.0
+    """Absolute tolerance of a number (non-deterministic GPU kernels: set both)."""
+    strict: bool = False
+    """Stop at the first differing step (``InexactResumeError``, exit 30), unsaved."""
+    ignore: list[str] = field(default_factory=lambda: list(TIMING_KEYS))
+    """Record fields never compared (timings and throughput, which measure the machine)."""
+
+    def __post_init__(self) -> None:
+        key = "checkpoint.resume_check"
+        if not (self.rtol >= 0 and self.atol >= 0):  # NaN too
+            raise ConfigError(
+                f"{key}.rtol/atol: must be >= 0, got {self.rtol}, {self.atol}; set e.g. "
+                f"{key}.rtol=0 {key}.atol=0"
+            )
+        if not all(isinstance(k, str) for k in self.ignore):
+            raise refuse(
+                f"{key}.ignore", f"expected a list of field names, got {self.ignore!r}", "[time,dt]"
+            )
+
+
+@dataclass(kw_only=True)
+class CheckpointConfig:
+    """Where and when checkpoints are written, and which are kept."""
+
+    root: str = "checkpoints"
+    """Directory holding one sub-directory per run (``<root>/<run.name>``)."""
+    every_steps: int = 100
+    """Save after every multiple of this many optimizer steps; 0 saves only at the end."""
+    keep_last: int = 3
+    """How many recent checkpoints to keep; at least 2, so a corrupt newest one has a fallback."""
+    keep_every: int = 0
+    """Steps that are multiples of this are milestones, kept forever; 0 keeps none."""
+    warm_start_every: int = 0
+    """Also write a warm-start artifact (weights + model config) every this many steps; 0: never."""
+    strict_resume: bool = False
+    """Refuse a resume whose code, dependencies, dataset or config differ from the checkpoint's."""
+    async_save: bool = False
+    """``checkpoint.async``: pause only to copy the state into reused host buffers; a
+    background thread serialises, hashes, signs and commits."""
+    every_seconds: float = 0.0
+    """Also save when this many seconds passed since the last save; 0: off."""
+    interval: str = "fixed"
+    """``fixed`` (every_steps / every_seconds) or ``auto``: the Young/Daly interval
+    sqrt(2 * cost * mtbf) from measured save costs."""
+    mtbf: str = "24h"
+    """Mean time between failures for ``interval=auto`` (``90m``, ``24h``, ``2d``)."""
+    preempt_signals: list[str] = field(default_factory=lambda: ["SIGTERM", "SIGUSR1"])
+    """Signals that mean "checkpoint at the next step boundary and exit 75"."""
+    dvc: DvcConfig = field(default_factory=DvcConfig)
+    """DVC tracking of committed checkpoints."""
+    keep_best: bool = False
+    """Keep an independent copy of the best checkpoint by ``best_metric`` under ``<run>/best/``."""
+    best_metric: str | None = None
+    """The metric (recorded with each checkpoint) that ranks checkpoints; unset: the
+    recipe's own (an own loop with ``keep_best`` names it)."""
+    best_mode: str = "min"
+    """``min`` or ``max``: which direction of ``best_metric`` is better."""
+    shard_mb: float = 256.0
+    """A component with more tensor bytes than this (MiB) is written as Hugging Face-style
+    shards plus an index, so its files are written, read and hashed on every core at
+    once; 0: one file per component."""
+    hash: str = "sha256"
+    """Every file's digest: ``sha256`` (what the ``model_signing verify key`` CLI checks)
+    or ``blake3`` (about 4x faster per core; verified by model-signing's Python API and
+    by recovery; needs ``recovery[blake3]``)."""
+
+    differential: DifferentialConfig = field(default_factory=DifferentialConfig)
+    """Differential checkpoints (deltas of a full base)."""
+    resume_check: ResumeCheckConfig = field(default_factory=ResumeCheckConfig)
+    """The self-check of every resume: redone steps against the dead run's record."""
+
+    ALIASES: ClassVar[dict[str, str]] = {"async": "async_save"}
+
+    def __post_init__(self) -> None:
+        if not str(self.root).strip():
+            raise refuse(
+                "checkpoint.root", "must be a directory path, got an empty string", "checkpoints"
+            )
+        at_least("checkpoint.every_steps", self.every_steps, 0, 100, " (0: only at the end)")
+        at_least(
+            "checkpoint.keep_last",
+            self.keep_last,
+            2,
+            3,
+            " so a corrupt newest checkpoint has a verified fallback",
+        )
+        at_least("checkpoint.keep_every", self.keep_every, 0, 0, " (0: no milestones)")
+        at_least("checkpoint.warm_start_every", self.warm_start_every, 0, 0, " (0: never)")
+        at_least("checkpoint.every_seconds", self.every_seconds, 0, 0, " (0: off)")
+        at_least("checkpoint.shard_mb", self.shard_mb, 0, 256, " (0: never shard)")
+        one_of("checkpoint.best_mode", self.best_mode, ("min", "max"))
+        one_of("checkpoint.interval", self.interval, ("fixed", "auto"))
+        one_of("checkpoint.hash", self.hash, ("sha256", "blake3"))
+        check_duration("checkpoint.mtbf", self.mtbf, "24h")
+        check_signals("checkpoint.preempt_signals", self.preempt_signals)
+        not_empty("checkpoint.best_metric", self.best_metric, "val_loss")
+        if self.hash == "blake3" and importlib.util.find_spec("blake3") is None:
+            raise refuse(
+                "checkpoint.hash",
+                "blake3 needs the blake3 package, which is not installed: pip install "
+                "'recovery[blake3]', or keep sha256",
+                "sha256",
+            )
+
+    @property
+    def shard_bytes(self) -> int:
+        """``shard_mb`` in bytes (0: never shard)."""
+        return int(self.shard_mb * (1 << 20))
