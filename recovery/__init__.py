@@ -9,15 +9,14 @@ record (:meth:`Checkpointer.record`, :class:`Journal`), the resume health
 monitor, the trackers that follow the journal (:func:`attach_trackers`: TensorBoard,
 MLflow), the verifying reader and the errors it raises. See README.md for the
 formats and the CLI.
+
+The names are imported on first use (the errors and the version at once), so
+``import recovery`` costs no torch until one is used.
 """
 
-from recovery.config import (
-    CheckpointConfig,
-    HealthConfig,
-    ResumeCheckConfig,
-    RunConfig,
-    TrainConfig,
-)
+import importlib
+from typing import TYPE_CHECKING, Any
+
 from recovery.errors import (
     CheckpointNotFoundError,
     CommitError,
@@ -29,20 +28,70 @@ from recovery.errors import (
     RecoveryError,
     VerificationError,
 )
-from recovery.integrity.reader import read_verified
-from recovery.run.checkpointer import Checkpointer
-from recovery.run.journal import Journal
-from recovery.run.preemption import PreemptionGuard
-from recovery.run.resume import select
-from recovery.run.trackers import MlflowConfig, TensorBoardConfig, TrackersConfig
-from recovery.run.trackers import attach as attach_trackers
-from recovery.state.health import HealthMonitor
-from recovery.state.loader import ResumableLoader
-from recovery.state.loop import LoopState
-from recovery.state.registry import Stateful, TrainState
-from recovery.state.sampler import ResumableSampler
-from recovery.tools.export import load_inference
 from recovery.version import __version__ as __version__
+
+if TYPE_CHECKING:  # the lazily imported names, for type checkers and IDEs
+    from recovery.config import (
+        CheckpointConfig,
+        HealthConfig,
+        ResumeCheckConfig,
+        RunConfig,
+        TrainConfig,
+    )
+    from recovery.integrity.reader import read_verified
+    from recovery.run.checkpointer import Checkpointer
+    from recovery.run.journal import Journal
+    from recovery.run.preemption import PreemptionGuard
+    from recovery.run.resume import select
+    from recovery.run.trackers import MlflowConfig, TensorBoardConfig, TrackersConfig
+    from recovery.run.trackers import attach as attach_trackers
+    from recovery.state.health import HealthMonitor
+    from recovery.state.loader import ResumableLoader
+    from recovery.state.loop import LoopState
+    from recovery.state.registry import Stateful, TrainState
+    from recovery.state.sampler import ResumableSampler
+    from recovery.tools.export import load_inference
+
+_LAZY: dict[str, tuple[str, str]] = {
+    "CheckpointConfig": ("recovery.config", "CheckpointConfig"),
+    "HealthConfig": ("recovery.config", "HealthConfig"),
+    "ResumeCheckConfig": ("recovery.config", "ResumeCheckConfig"),
+    "RunConfig": ("recovery.config", "RunConfig"),
+    "TrainConfig": ("recovery.config", "TrainConfig"),
+    "read_verified": ("recovery.integrity.reader", "read_verified"),
+    "Checkpointer": ("recovery.run.checkpointer", "Checkpointer"),
+    "Journal": ("recovery.run.journal", "Journal"),
+    "PreemptionGuard": ("recovery.run.preemption", "PreemptionGuard"),
+    "select": ("recovery.run.resume", "select"),
+    "MlflowConfig": ("recovery.run.trackers", "MlflowConfig"),
+    "TensorBoardConfig": ("recovery.run.trackers", "TensorBoardConfig"),
+    "TrackersConfig": ("recovery.run.trackers", "TrackersConfig"),
+    "attach_trackers": ("recovery.run.trackers", "attach"),
+    "HealthMonitor": ("recovery.state.health", "HealthMonitor"),
+    "ResumableLoader": ("recovery.state.loader", "ResumableLoader"),
+    "LoopState": ("recovery.state.loop", "LoopState"),
+    "Stateful": ("recovery.state.registry", "Stateful"),
+    "TrainState": ("recovery.state.registry", "TrainState"),
+    "ResumableSampler": ("recovery.state.sampler", "ResumableSampler"),
+    "load_inference": ("recovery.tools.export", "load_inference"),
+}
+"""Public name -> (module, attribute), imported on first use (:func:`__getattr__`)."""
+
+
+def __getattr__(name: str) -> Any:
+    """A public name's object, its module imported now: ``import recovery`` (and the CLI,
+    which imports it first) does not pay for torch until something needs tensors."""
+    if name not in _LAZY:
+        raise AttributeError(f"module 'recovery' has no attribute {name!r}")
+    module, attribute = _LAZY[name]
+    value = getattr(importlib.import_module(module), attribute)
+    globals()[name] = value
+    return value
+
+
+def __dir__() -> list[str]:
+    return sorted(set(globals()) | set(_LAZY))
+
 
 __all__ = [
     "CheckpointConfig",

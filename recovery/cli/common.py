@@ -6,15 +6,15 @@ import argparse
 import hashlib
 import json
 from pathlib import Path
-from typing import Any
-
-import torch
+from typing import TYPE_CHECKING, Any
 
 from recovery import errors
 from recovery.config import SigningConfig, parse_duration
 from recovery.integrity import trust
 from recovery.integrity.signing import PUBLIC_KEY_FILE, TrustStore
-from recovery.run import resume
+
+if TYPE_CHECKING:  # imported when a command loads tensors, not to list commands
+    from recovery.run import resume
 
 
 def emit(args: argparse.Namespace, data: Any, text: str) -> None:
@@ -81,6 +81,8 @@ def trust_of(args: argparse.Namespace) -> TrustStore:
 
 def load(args: argparse.Namespace, path: Path) -> resume.Loaded:
     """Verify and decode ``path`` with the flags' trust settings."""
+    from recovery.run import resume  # torch: only a command that decodes tensors pays it
+
     return resume.load(path, trust_of(args), allow_untrusted=args.allow_untrusted)
 
 
@@ -107,6 +109,8 @@ def signer_of(loaded: resume.Loaded) -> dict[str, Any] | None:
 
 def parameters_digest(model_state: dict[str, Any]) -> str:
     """One sha256 over every model tensor: names, dtypes, shapes and raw bytes, by sorted name."""
+    import torch  # only a command that hashes parameters needs it
+
     h = hashlib.sha256()
     for key in sorted(model_state):
         t = model_state[key]

@@ -12,10 +12,19 @@ import sys
 from pathlib import Path
 from typing import Any
 
+import yaml
+
 from recovery import errors
 from recovery.cli.codes import EXIT_CODES, exit_code
 from recovery.cli.common import add_trust_flags, emit, signer_of, signer_text, trust_of
-from recovery.format.layout import METRICS_FILE, scan
+from recovery.format.layout import (
+    CONFIG_FILE,
+    METRICS_FILE,
+    SIGNATURE_FILE,
+    Listing,
+    parse_step,
+    scan,
+)
 from recovery.run import journal, resume
 from recovery.storage import tracking
 from recovery.tools.report.run import story
@@ -77,7 +86,38 @@ def ls_row(path: Path, args: argparse.Namespace, trust: Any) -> dict[str, Any]:
     row["base"] = delta["base"] if delta is not None else None
     row.update(size=sum(r.size for r in loaded.manifest.files), loss=metrics.get("loss"))
     row["signer"] = signer_of(loaded)
+    row["dvc_enabled"] = dvc_enabled(loaded.files.get(CONFIG_FILE))
     return row
+
+
+def dvc_enabled(config: object) -> bool | None:
+    """``checkpoint.dvc.enabled`` of the config a checkpoint recorded (``train.py``'s);
+    ``None`` when it recorded none that says (an own loop's config is its own)."""
+    if not isinstance(config, bytes):
+        return None
+    try:
+        doc = yaml.safe_load(config)
+    except yaml.YAMLError:
+        return None
+    checkpoint = doc.get("checkpoint") if isinstance(doc, dict) else None
+    dvc = checkpoint.get("dvc") if isinstance(checkpoint, dict) else None
+    enabled = dvc.get("enabled") if isinstance(dvc, dict) else None
+    return enabled if isinstance(enabled, bool) else None
+
+
+def listing_of(path: Path) -> tuple[Path, Listing]:
+    """The run directory and the checkpoints ``recovery ls PATH`` shows: a run's, or, when
+    ``path`` is one checkpoint (a step directory or an artifact), that one alone.
+
+    Raises:
+        CheckpointNotFoundError: ``path`` is no directory, or holds no checkpoint at all.
+    """
+    if not path.is_dir():
+        raise errors.CheckpointNotFoundError(f"{path}: no such run directory", path=path)
+    step = parse_step(path.name)
+    if step is not None or (path / SIGNATURE_FILE).exists():
+        return path.parent, Listing(committed=[(step if step is not None else -1, path)], stale=[])
+    return path, scan(path)
 
 
 def columns(table: list[list[str]], right: tuple[int, ...]) -> str:
@@ -115,19 +155,29 @@ def cmd_ls(args: argparse.Namespace) -> int:
     failures. The DVC column is shown only when the run directory is in a DVC
     repository or holds DVC files or tracking records (``--json`` always has it).
     """
-    run_dir = Path(args.run_dir)
-    if not run_dir.is_dir():
-        raise errors.CheckpointNotFoundError(f"{run_dir}: no such run directory", path=run_dir)
-    listing, trust = scan(run_dir), trust_of(args)
+    run_dir, listing = listing_of(Path(args.run_dir))
+    one = Path(args.run_dir) if run_dir != Path(args.run_dir) else None
+    trust = trust_of(args)
     dvc_state, tracked = tracking.status(run_dir), tracking.tracked_steps(run_dir)
+    if one is not None:  # one checkpoint: the run's other DVC records are not its rows
+        tracked = {}
+    elif not listing.committed and not listing.stale and not tracked:
+        raise errors.CheckpointNotFoundError(
+            f"{run_dir}: holds no checkpoints (no step-* directory, no partial write, no "
+            "DVC record); point ls at <checkpoint.root>/<run.name> of a run that saved one",
+            path=run_dir,
+        )
     in_repo = tracking.find_repo(run_dir) is not None
     dvc_on = in_repo or bool(dvc_state) or bool(tracked)
     rows: list[dict[str, Any]] = []
     pending = "pending" if in_repo else "-"
     for step, path in listing.committed:
         st = dvc_state.get(path.name, tracking.Status())
-        dvc = "pushed" if st.pushed else "registered" if st.registered else pending
-        rows.append({"step": step, **ls_row(path, args, trust), "dvc": dvc})
+        row = ls_row(path, args, trust)
+        # "off": the run said checkpoint.dvc.enabled=false, so nothing is pending
+        off = "off" if row.pop("dvc_enabled", None) is False else pending
+        dvc = "pushed" if st.pushed else "registered" if st.registered else off
+        rows.append({"step": None if step < 0 else step, **row, "dvc": dvc})
     partial = {"verified": False, "status": "partial", "summary": "partial: interrupted, unused"}
     rows += [{"step": None, "path": str(path), **partial} for path in listing.stale]
     remote = {"verified": False, "status": "remote-only", "dvc": "registered"}
@@ -155,7 +205,7 @@ def cmd_ls(args: argparse.Namespace) -> int:
     ]
     if not dvc_on:
         table = [line[:6] + line[7:] for line in table]
-    resumes = resume_checks(run_dir)
+    resumes = resume_checks(run_dir) if one is None else []
     data = {"run_dir": str(run_dir), "dvc_in_use": dvc_on, "checkpoints": rows,
             "resumes": resumes}  # fmt: skip
     lines = [f"resumed at step {r['step']} from {r['from']}: {r['check']}" for r in resumes]

@@ -233,15 +233,15 @@ def cmd_audit(args: argparse.Namespace) -> int:
 def register(sub: Any) -> None:
     """Add ``verify``, ``inspect`` and ``audit`` to the subcommands."""
     p = sub.add_parser("verify", help="signature, trust, every file's hash, purpose contract")
-    p.add_argument("path")
+    p.add_argument("path", help="a checkpoint or artifact directory (e.g. <run_dir>/step-00000010)")
     p.set_defaults(func=cmd_verify)
     add_trust_flags(p)
     p = sub.add_parser("inspect", help="step, purpose, signer, components, digests, provenance")
-    p.add_argument("path")
+    p.add_argument("path", help="a checkpoint or artifact directory, verified before it is shown")
     p.set_defaults(func=cmd_inspect)
     add_trust_flags(p)
     p = sub.add_parser("audit", help="verify and walk the lineage back to the run's start")
-    p.add_argument("path")
+    p.add_argument("path", help="the checkpoint or artifact whose lineage to walk back")
     p.add_argument(
         "--root", help="checkpoint root to find ancestors in (default: above the run dir)"
     )

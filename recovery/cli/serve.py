@@ -162,7 +162,7 @@ def cmd_predict(args: argparse.Namespace) -> int:
 def register(sub: Any) -> None:
     """Add ``predict`` and ``export`` to the subcommands."""
     p = sub.add_parser("predict", help="serve JSON lines of raw inputs with an inference artifact")
-    p.add_argument("artifact")
+    p.add_argument("artifact", help="an inference artifact directory (recovery export writes one)")
     p.add_argument("--input", help="JSON lines file (default: stdin)")
     p.set_defaults(func=cmd_predict)
     add_trust_flags(p)

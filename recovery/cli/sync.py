@@ -64,7 +64,7 @@ def cmd_sync(args: argparse.Namespace) -> int:
 def register(sub: Any) -> None:
     """Add ``sync`` to the subcommands."""
     p = sub.add_parser("sync", help="register (and push) every checkpoint DVC has not got yet")
-    p.add_argument("run_dir")
+    p.add_argument("run_dir", help="<checkpoint.root>/<run.name>")
     p.add_argument("--push", action="store_true", help="also push to the remote")
     p.add_argument("--remote", default=None, help="DVC remote name (default: the default remote)")
     p.add_argument(

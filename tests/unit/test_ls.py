@@ -14,6 +14,8 @@ import sys
 from pathlib import Path
 
 from recovery.format.layout import step_dir_name
+from recovery.integrity import commit
+from recovery.state import snapshot
 from recovery.storage import tracking
 from tests import launcher
 from tests.conftest import commit_state, tiny_state
@@ -120,3 +122,39 @@ def test_the_dvc_column_is_shown_when_the_root_is_in_a_dvc_repository(tmp_path, 
     rows = table(done.stdout)
     assert rows[0] == [*COLUMNS[:-1], "dvc", "status"]
     assert rows[1][-2:] == ["pending", "ok"]
+
+
+def test_an_empty_run_says_it_holds_no_checkpoints_and_exits_3(tmp_path):
+    run_dir = tmp_path / "checkpoints" / "run"
+    run_dir.mkdir(parents=True)
+    done = ls(tmp_path, run_dir)
+    assert done.returncode == 3 and done.stdout == "", done
+    assert done.stderr.startswith(f"error: {run_dir}: holds no checkpoints"), done.stderr
+    done = ls(tmp_path, run_dir, "--json")
+    assert done.returncode == 3
+    error = json.loads(done.stdout)["error"]
+    assert (error["code"], error["name"]) == (3, "CheckpointNotFoundError")
+    assert "holds no checkpoints" in error["message"]
+
+
+def test_a_step_directory_is_listed_as_its_own_row(tmp_path, signer):
+    run_dir = run_dir_with(tmp_path, signer, steps=(2, 4))
+    done = ls(tmp_path, run_dir / step_dir_name(4), "--trusted", str(signer.path.parent))
+    assert done.returncode == 0, done.stderr
+    rows = table(done.stdout)
+    assert rows[0] == COLUMNS and len(rows) == 2
+    assert rows[1][:2] == ["4", step_dir_name(4)] and rows[1][-1] == "ok"
+
+
+def test_a_run_with_dvc_off_says_off_not_pending(tmp_path, signer):
+    run_dir = tmp_path / "checkpoints" / "run"
+    run_dir.mkdir(parents=True)
+    config = "checkpoint:\n  dvc:\n    enabled: false\n"
+    files = snapshot.encode(tiny_state().state_dict(), step=2, meta={}, config_yaml=config)
+    statement = {"step": 2, "purpose": "continuation", "requires": []}
+    commit.commit(run_dir / step_dir_name(2), files, statement, signer=signer)
+    (tmp_path / ".dvc").mkdir()  # in a DVC repository: the column is shown
+    (tmp_path / ".dvc" / "config").write_text("")
+    done = ls(tmp_path, run_dir, "--trusted", str(signer.path.parent))
+    assert done.returncode == 0, done.stderr
+    assert table(done.stdout)[1][-2:] == ["off", "ok"]
