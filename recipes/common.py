@@ -144,7 +144,11 @@ def make_checkpointer(
 ) -> Checkpointer:
     """A checkpointer wired to the run's signer, trust store, provenance and purposes."""
     signing_cfg = typed(SigningConfig, cfg.signing, key="signing")
-    signer = distributed.leader_first(partial(trust.resolve_signer, signing_cfg))
+    # the project's dev key, found from the run directory wherever train.py runs from;
+    # none anywhere: made in the working directory's project, as the first run always did
+    signer = distributed.leader_first(
+        partial(trust.resolve_signer, signing_cfg, near=[run_dir], create_in=trust.PROJECT_DEV_KEY)
+    )
     resolved = {str(k): v for k, v in OmegaConf.to_container(cfg, resolve=True).items()}  # type: ignore[union-attr]
     redacted, _ = provenance.redact(resolved)
     return Checkpointer(

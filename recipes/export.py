@@ -172,9 +172,9 @@ def run(cfg: DictConfig) -> int:
     run_cfg = typed(RunConfig, cfg.run, key="run")
     ex = typed(ExportConfig, cfg.export, key="export")
     signing_cfg = typed(SigningConfig, cfg.signing, key="signing")
-    signer = trust.resolve_signer(signing_cfg)
-    keys = trust.resolve_trust(signing_cfg, signer)
     run_dir = Path(ck.root) / run_cfg.name
+    signer = trust.resolve_signer(signing_cfg, near=[run_dir], create_in=trust.PROJECT_DEV_KEY)
+    keys = trust.resolve_trust(signing_cfg, signer)
     source = resume.select(
         run_dir, ex.source, keys, allow_untrusted=signing_cfg.allow_untrusted, key="export.source"
     )

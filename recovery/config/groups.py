@@ -58,9 +58,9 @@ class SigningConfig:
     relative path is the project's (see :mod:`recovery.integrity.trust`)."""
     dev_key_dir: str | None = None
     """Where the development key is (and is created on first use); unset: the search order
-    of :func:`recovery.integrity.trust.dev_key_dirs` (``$RECOVERY_DEV_KEY_DIR``, the
-    ``.recovery/dev-key`` of the project the checkpoint or the working directory is in,
-    the per-user one), the same from any working directory."""
+    of :mod:`recovery.integrity.devkeys` (``$RECOVERY_DEV_KEY_DIR``, the nearest
+    ``.recovery/dev-key`` above the run directory or the working directory, the per-user
+    one), the same from any working directory."""
     allow_untrusted: bool = False
     """Accept checkpoints signed by keys outside the trust store (signature still checked)."""
 

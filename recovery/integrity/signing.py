@@ -229,6 +229,8 @@ class TrustStore:
 
     def __init__(self, keys: Iterable[TrustedKey] = ()) -> None:
         self._keys: dict[str, TrustedKey] = {}
+        self.searched: list[str] = []
+        """Where the keys were looked for, in order (an untrusted signer's message lists it)."""
         for k in keys:
             self._add(k)
 
@@ -259,6 +261,7 @@ class TrustStore:
     def with_signer(self, signer: Signer) -> TrustStore:
         """This store and ``signer``'s own public key (a writer trusts what it signed)."""
         store = TrustStore(self._keys.values())
+        store.searched = list(self.searched)
         store.add_pem(signer.public_pem, source=str(signer.path), dev=signer.dev)
         return store
 
@@ -269,7 +272,9 @@ class TrustStore:
         Missing paths are skipped; ``dev_keys`` are trusted and marked as dev keys.
         """
         store = cls()
-        for path, dev in [*((p, False) for p in paths), *((p, True) for p in dev_keys)]:
+        places = [*((p, False) for p in paths), *((p, True) for p in dev_keys)]
+        store.searched = [f"{p}{' (dev key)' if dev else ''}" for p, dev in places]
+        for path, dev in places:
             if path.is_dir():
                 files = sorted(f for f in path.iterdir() if f.suffix in (".pub", ".pem"))
             elif path.is_file():
@@ -324,8 +329,10 @@ def verify_bundle(
         embedded = _embedded_signer(payload)
         if not allow_untrusted:
             raise UntrustedSignerError(
-                f"{where}: signed by key {kid[:16]}… which is not in the trust store. Add its "
-                "public key to signing.trusted (or --trusted) if you trust it, or pass "
+                f"{where}: signed by key {kid[:16]}… which is not in the trust store "
+                f"(looked in: {'; '.join(trust.searched) or 'no keys given'}). If you trust "
+                "it, pass its public key: --trusted PATH / signing.trusted=PATH (a dev key's "
+                "directory: $RECOVERY_DEV_KEY_DIR or signing.dev_key_dir=), or pass "
                 "--allow-untrusted / signing.allow_untrusted=true to accept it knowingly.",
                 key_id=kid,
                 path=where,

@@ -1,8 +1,10 @@
 """Which key signs and which keys are trusted, from config and the environment.
 
-With no key configured, a development key pair is created on first use in
-``signing.dev_key_dir`` (git-ignored), trusted on this machine only, and marked
-as a dev key wherever a signer is shown. A run always trusts its own signer,
+With no key configured, the development key is found by one search order, the same
+from any working directory (:mod:`recovery.integrity.devkeys`), and created on first
+use where a run asks (``train.py``: the working directory's ``.recovery/dev-key``,
+git-ignored) or in the per-user directory. It is trusted on this machine only, and
+marked as a dev key wherever a signer is shown. A run always trusts its own signer,
 so it can resume what it wrote.
 """
 
@@ -10,9 +12,13 @@ from __future__ import annotations
 
 import logging
 import os
+from collections.abc import Iterable
 from pathlib import Path
 
 from recovery.config import SigningConfig
+from recovery.integrity import devkeys
+from recovery.integrity.devkeys import DEV_KEY_ENV as DEV_KEY_ENV
+from recovery.integrity.devkeys import PROJECT_DEV_KEY as PROJECT_DEV_KEY
 from recovery.integrity.signing import (
     PRIVATE_KEY_FILE,
     PUBLIC_KEY_FILE,
@@ -24,20 +30,24 @@ from recovery.integrity.signing import (
 log = logging.getLogger(__name__)
 
 KEY_ENV = "RECOVERY_SIGNING_KEY"
-PROJECT_DEV_KEY = Path(".recovery") / "dev-key"
-"""A project's own dev key directory, relative to where a run or command starts."""
 
 
-def dev_key_dir(configured: str | None = None) -> Path:
-    """Where the dev key lives: ``configured``, else the project's (``./.recovery/dev-key``)
-    when it holds a key, else the per-user one under ``$XDG_CONFIG_HOME`` (default
-    ``~/.config``): the same from any working directory."""
-    if configured:
-        return Path(configured)
-    if (PROJECT_DEV_KEY / PRIVATE_KEY_FILE).exists():
-        return PROJECT_DEV_KEY
-    base = os.environ.get("XDG_CONFIG_HOME") or str(Path.home() / ".config")
-    return Path(base) / "recovery" / "dev-key"
+def dev_key_dir(
+    configured: str | None = None, *, near: Iterable[Path] = (), fallback: Path | None = None
+) -> Path:
+    """The dev key directory: the first place of the search order
+    (:func:`recovery.integrity.devkeys.search`) that holds a key pair; else ``fallback``
+    where given (``train.py``: its project's, so a project's runs sign with the project's
+    key); else the per-user one (where a key is created when none exists)."""
+    places = devkeys.search(configured, near)
+    if configured or os.environ.get(DEV_KEY_ENV):
+        return places[0].path  # type: ignore[return-value]  # a named place always has one
+    if fallback is not None:
+        places = places[:-1]  # the per-user key: for own loops, not a project's runs
+    for place in places:
+        if place.path is not None and (place.path / PRIVATE_KEY_FILE).exists():
+            return place.path
+    return fallback if fallback is not None else devkeys.user_dev_key()
 
 
 def env_signer() -> Signer | None:
@@ -50,8 +60,17 @@ def env_signer() -> Signer | None:
     return Signer(Path(configured)) if configured else None
 
 
-def resolve_signer(cfg: SigningConfig) -> Signer:
-    """The signer: ``$RECOVERY_SIGNING_KEY``, else ``signing.key``, else the dev key.
+def resolve_signer(
+    cfg: SigningConfig, *, near: Iterable[Path] = (), create_in: Path | None = None
+) -> Signer:
+    """The signer: ``$RECOVERY_SIGNING_KEY``, else ``signing.key``, else the dev key the
+    search order finds from ``near`` (a run directory) and the working directory.
+
+    ``create_in`` (``train.py``: the working directory's ``.recovery/dev-key``) is the
+    project's key directory: a project's runs sign with a project key found above ``near``
+    or the working directory, else with one made there, never with the per-user key. With
+    no ``create_in``, the per-user key is the last place, made on first use. A key made is
+    registered as made on this machine (trusted from any working directory).
 
     Raises:
         SigningKeyError: the configured key cannot be read or is not ECDSA.
@@ -61,9 +80,11 @@ def resolve_signer(cfg: SigningConfig) -> Signer:
         return from_env
     if cfg.key:
         return Signer(Path(cfg.key))
-    dev_dir = dev_key_dir(cfg.dev_key_dir)
+    fallback = create_in.absolute() if create_in is not None else None
+    dev_dir = dev_key_dir(cfg.dev_key_dir, near=near, fallback=fallback)
     if not (dev_dir / PRIVATE_KEY_FILE).exists():
         generate_keypair(dev_dir)
+        _register(dev_dir / PUBLIC_KEY_FILE)
         log.warning(
             "created a DEV signing key in %s: it is trusted on this machine only. "
             "For shared checkpoints run `recovery keygen --out DIR` and set signing.key.",
@@ -72,11 +93,54 @@ def resolve_signer(cfg: SigningConfig) -> Signer:
     return Signer(dev_dir / PRIVATE_KEY_FILE, dev=True)
 
 
+def _register(public: Path) -> None:
+    """Copy a dev key made here into the registry of this machine's dev keys."""
+    from recovery.integrity.signing import key_id, load_public_key
+
+    pem = public.read_bytes()
+    target = devkeys.registry() / f"{key_id(load_public_key(pem, where=str(public)))}.pub"
+    try:
+        target.parent.mkdir(parents=True, exist_ok=True)
+        target.write_bytes(pem)
+    except OSError as err:  # the key still signs; verifying elsewhere needs --trusted
+        log.warning("could not register the dev key in %s: %s", target.parent, err)
+
+
+def dev_key_places(configured: str | None = None) -> list[Path]:
+    """The public key files trusted as dev keys: each place of the search order from the
+    working directory that holds one, and the registry of this machine's dev keys. Never a
+    key found above a checkpoint: one shipped beside it would vouch for itself."""
+    found = [p.path / PUBLIC_KEY_FILE for p in devkeys.search(configured) if p.path]
+    return [*found, devkeys.registry()]
+
+
+def searched(trusted: Iterable[Path], configured: str | None = None) -> list[str]:
+    """Every place a trust store built from these settings looked, in order, for messages."""
+    places = [f"signing.trusted / --trusted: {', '.join(map(str, trusted)) or 'none'}"]
+    places += [p.text() for p in devkeys.search(configured)]
+    places.append(f"dev keys made on this machine: {devkeys.registry()}")
+    if os.environ.get(KEY_ENV):
+        places.append(f"${KEY_ENV}: {os.environ[KEY_ENV]}")
+    return places
+
+
+def trust_store(trusted: Iterable[Path], configured: str | None = None) -> TrustStore:
+    """Keys in ``trusted`` (files or directories), the dev keys of the search order and of
+    this machine (marked dev), and the key ``$RECOVERY_SIGNING_KEY`` names; the store
+    records where it looked, which an untrusted signer's message lists."""
+    trusted = list(trusted)
+    store = TrustStore.from_paths(trusted, dev_keys=dev_key_places(configured))
+    signer = env_signer()
+    if signer is not None:
+        store.add_pem(signer.public_pem, source=f"${KEY_ENV} ({signer.path})")
+    store.searched = searched(trusted, configured)
+    return store
+
+
 def resolve_trust(cfg: SigningConfig, signer: Signer | None = None) -> TrustStore:
-    """Keys in ``signing.trusted``, the local dev key (marked dev), and ``signer``'s own key."""
-    store = TrustStore.from_paths(
-        [Path(cfg.trusted)], dev_keys=[dev_key_dir(cfg.dev_key_dir) / PUBLIC_KEY_FILE]
-    )
+    """:func:`trust_store` of ``signing.trusted`` and ``signing.dev_key_dir``, and
+    ``signer``'s own key."""
+    store = trust_store([Path(cfg.trusted)], cfg.dev_key_dir)
     if signer is not None:
         store.add_pem(signer.public_pem, source=str(signer.path), dev=signer.dev)
     return store

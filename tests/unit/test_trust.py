@@ -41,3 +41,83 @@ def test_the_cli_trusts_the_key_recovery_signing_key_names(tmp_path, monkeypatch
     assert cli.main(["verify", path]) == 17
     monkeypatch.setenv(trust.KEY_ENV, str(signer.path))
     assert cli.main(["verify", path]) == 0
+
+
+def _project_checkpoint(tmp_path, monkeypatch):
+    """A project (a git root) whose run signed a checkpoint with the dev key it made."""
+    project = tmp_path / "project"
+    (project / ".git").mkdir(parents=True)
+    run_dir = project / "checkpoints" / "run"
+    monkeypatch.chdir(project)
+    signer = trust.resolve_signer(SigningConfig(), near=[run_dir], create_in=trust.PROJECT_DEV_KEY)
+    assert signer.dev and signer.path.parent == project / ".recovery" / "dev-key"
+    commit_state(run_dir, tiny_state(), 2, signer)
+    return project, run_dir / step_dir_name(2), signer
+
+
+def test_a_projects_checkpoint_is_trusted_from_any_working_directory(tmp_path, monkeypatch):
+    from recovery.integrity import reader
+
+    monkeypatch.delenv(trust.KEY_ENV, raising=False)
+    monkeypatch.delenv(trust.DEV_KEY_ENV, raising=False)
+    monkeypatch.setenv("XDG_CONFIG_HOME", str(tmp_path / "xdg"))
+    project, path, signer = _project_checkpoint(tmp_path, monkeypatch)
+    (project / "src" / "deep").mkdir(parents=True)
+    monkeypatch.chdir(project / "src" / "deep")  # below the project: the walk up finds it
+    assert trust.dev_key_dir() == project / ".recovery" / "dev-key"
+    (tmp_path / "elsewhere").mkdir()
+    monkeypatch.chdir(tmp_path / "elsewhere")  # outside it: the key made here is registered
+    assert trust.dev_key_dir() == tmp_path / "xdg" / "recovery" / "dev-key"
+    manifest = reader.read_manifest(path, trust.resolve_trust(SigningConfig()))
+    assert manifest.signer is not None and manifest.signer.trusted and manifest.signer.dev
+    assert trust.resolve_signer(SigningConfig(), near=[path.parent]).public_pem == (
+        signer.public_pem  # and a resume from elsewhere signs with the project's key
+    )
+
+
+def test_a_key_found_beside_a_checkpoint_is_not_trusted_and_the_message_lists_the_search(
+    tmp_path, monkeypatch
+):
+    from recovery.errors import UntrustedSignerError
+    from recovery.integrity import reader
+
+    monkeypatch.delenv(trust.KEY_ENV, raising=False)
+    monkeypatch.delenv(trust.DEV_KEY_ENV, raising=False)
+    monkeypatch.setenv("XDG_CONFIG_HOME", str(tmp_path / "xdg"))
+    downloaded = tmp_path / "downloaded"  # a checkpoint with a dev key shipped beside it
+    signer = make_signer(downloaded / ".recovery" / "dev-key")
+    commit_state(downloaded / "run", tiny_state(), 2, signer)
+    (tmp_path / "elsewhere").mkdir()
+    monkeypatch.chdir(tmp_path / "elsewhere")
+    store = trust.trust_store([tmp_path / "trusted"])
+    try:
+        reader.read_manifest(downloaded / "run" / step_dir_name(2), store)
+        raise AssertionError("a key found beside a checkpoint was trusted")
+    except UntrustedSignerError as err:
+        message = str(err)
+    assert "\n" not in message
+    for place in (
+        f"signing.trusted / --trusted: {tmp_path / 'trusted'}",
+        f"the project's .recovery/dev-key above {tmp_path / 'elsewhere'}: none",
+        f"the per-user dev key: {tmp_path / 'xdg' / 'recovery' / 'dev-key'}",
+        f"dev keys made on this machine: {tmp_path / 'xdg' / 'recovery' / 'dev-keys'}",
+        "--trusted PATH / signing.trusted=PATH",
+        "$RECOVERY_DEV_KEY_DIR",
+    ):
+        assert place in message, (place, message)
+    resumed = trust.resolve_signer(SigningConfig(), near=[downloaded / "run"])
+    assert resumed.public_pem != signer.public_pem  # a resume there never signs with it
+    monkeypatch.setenv(trust.DEV_KEY_ENV, str(downloaded / ".recovery" / "dev-key"))
+    assert reader.read_manifest(  # named by the user: trusted
+        downloaded / "run" / step_dir_name(2), trust.resolve_trust(SigningConfig())
+    ).signer.trusted
+
+
+def test_a_dev_key_others_can_write_is_never_the_projects(tmp_path, monkeypatch):
+    monkeypatch.setenv("XDG_CONFIG_HOME", str(tmp_path / "xdg"))
+    monkeypatch.delenv(trust.DEV_KEY_ENV, raising=False)
+    make_signer(tmp_path / ".recovery" / "dev-key")
+    monkeypatch.chdir(tmp_path)
+    assert trust.dev_key_dir() == tmp_path / ".recovery" / "dev-key"
+    (tmp_path / ".recovery").chmod(0o777)
+    assert trust.dev_key_dir() == tmp_path / "xdg" / "recovery" / "dev-key"
