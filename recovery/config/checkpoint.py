@@ -174,8 +174,8 @@ class CheckpointConfig:
         if self.hash == "blake3" and importlib.util.find_spec("blake3") is None:
             raise refuse(
                 "checkpoint.hash",
-                "blake3 needs the blake3 package, which is not installed: pip install "
-                "'recovery[blake3]', or keep sha256",
+                "blake3 needs the blake3 package, which is not installed: pip install -e "
+                "'.[blake3]' (in the recovery checkout), or keep sha256",
                 "sha256",
             )
 
