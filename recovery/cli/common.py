@@ -5,6 +5,7 @@ from __future__ import annotations
 import argparse
 import hashlib
 import json
+import sys
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
@@ -20,6 +21,29 @@ if TYPE_CHECKING:  # imported when a command loads tensors, not to list commands
 def emit(args: argparse.Namespace, data: Any, text: str) -> None:
     """Print ``data`` as JSON under ``--json``, else ``text``."""
     print(json.dumps(data, indent=1, sort_keys=True, default=str) if args.json else text)
+
+
+def phase(command: str, text: str) -> None:
+    """One line on stderr saying what a long command is doing now (``sync: pushing 3
+    checkpoints...``): stdout stays the command's result, ``--json``'s included."""
+    print(f"{command}: {text}", file=sys.stderr, flush=True)
+
+
+def human_size(n: int) -> str:
+    """``512 B``, ``12.3 MiB``: bytes in binary units (up to TiB), one decimal."""
+    power = min(4, max(0, (n.bit_length() - 1) // 10))  # the largest 1024**power <= n
+    return f"{n} B" if power == 0 else f"{n / 1024**power:.1f} {'BKMGT'[power]}iB"
+
+
+LARGE = 256 << 20
+"""Bytes past which reading a source is slow enough to say so (:func:`phase`)."""
+
+
+def size_of(path: Path) -> int:
+    """Bytes of a file, or of every file under a directory (0 for nothing there)."""
+    if path.is_file():
+        return path.stat().st_size
+    return sum(p.stat().st_size for p in path.rglob("*") if p.is_file()) if path.is_dir() else 0
 
 
 def duration(text: str) -> float:

@@ -11,23 +11,17 @@ import argparse
 from pathlib import Path
 from typing import Any
 
-from recovery.cli.common import emit
+from recovery.cli.common import LARGE, emit, human_size, phase, size_of
 from recovery.config import SigningConfig
 from recovery.integrity import trust
 from recovery.tools import importing
 
 
-def _size(n: int) -> str:
-    size = float(n)
-    for unit in ("B", "KiB", "MiB"):
-        if size < 1024:
-            return f"{size:.0f} {unit}" if unit == "B" else f"{size:.1f} {unit}"
-        size /= 1024
-    return f"{size:.1f} GiB"
-
-
 def cmd_import(args: argparse.Namespace) -> int:
     signer = trust.resolve_signer(SigningConfig())
+    size = size_of(Path(args.src))
+    if size >= LARGE:  # a large model takes a while to read, hash, convert and sign
+        phase("import", f"reading {args.src} ({human_size(size)}): hash, convert, write, sign")
     result = importing.import_weights(
         Path(args.src),
         Path(args.out),
@@ -40,7 +34,7 @@ def cmd_import(args: argparse.Namespace) -> int:
     entry = f", entry {rec['key']!r}" if rec["key"] else ""
     lines = [
         f"imported {args.src} ({rec['kind']}{entry}, {rec['tensors']} tensors, "
-        f"{_size(rec['bytes'])}) -> {result.path}",
+        f"{human_size(rec['bytes'])}) -> {result.path}",
         f"  source sha256 {rec['sha256']} over {len(rec['files'])} file(s) read: "
         + ", ".join(f"{f['name']} {f['sha256'][:12]}" for f in rec["files"]),
     ]

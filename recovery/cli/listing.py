@@ -16,7 +16,14 @@ import yaml
 
 from recovery import errors
 from recovery.cli.codes import EXIT_CODES, exit_code
-from recovery.cli.common import add_trust_flags, emit, signer_of, signer_text, trust_of
+from recovery.cli.common import (
+    add_trust_flags,
+    emit,
+    human_size,
+    signer_of,
+    signer_text,
+    trust_of,
+)
 from recovery.format.layout import (
     CONFIG_FILE,
     METRICS_FILE,
@@ -28,13 +35,6 @@ from recovery.format.layout import (
 from recovery.run import journal, resume
 from recovery.storage import tracking
 from recovery.tools.report.run import story
-
-
-def human_size(n: int) -> str:
-    """``512 B``, ``12.3 MiB``: bytes in binary units (up to TiB), one decimal."""
-    power = min(4, max(0, (n.bit_length() - 1) // 10))  # the largest 1024**power <= n
-    return f"{n} B" if power == 0 else f"{n / 1024**power:.1f} {'BKMGT'[power]}iB"
-
 
 # what each failure reads as in the status column (a class not here: its exit-code text)
 VERDICTS: dict[type[errors.RecoveryError], str] = {

@@ -15,12 +15,16 @@ from typing import Any
 
 from recovery.cli.codes import exit_code
 from recovery.cli.common import (
+    LARGE,
     add_trust_flags,
     emit,
+    human_size,
     load,
     parameters_digest,
+    phase,
     signer_of,
     signer_text,
+    size_of,
     trust_of,
 )
 from recovery.provenance import lineage
@@ -31,6 +35,9 @@ from recovery.tools.report import lineage as report_lineage
 
 
 def cmd_verify(args: argparse.Namespace) -> int:
+    size = size_of(Path(args.path))
+    if size >= LARGE:  # a bar shows on a terminal (recovery.progress); a line elsewhere
+        phase("verify", f"reading and hashing {human_size(size)} of {args.path}")
     loaded = load(args, Path(args.path))
     mf = loaded.manifest
     data: dict[str, Any] = {

@@ -12,7 +12,7 @@ from pathlib import Path
 from typing import Any
 
 from recovery import errors
-from recovery.cli.common import add_trust_flags, trust_of
+from recovery.cli.common import add_trust_flags, phase, trust_of
 from recovery.cli.overrides import compose
 from recovery.config import SigningConfig, typed
 from recovery.format import bounded
@@ -55,8 +55,10 @@ def cmd_export(args: argparse.Namespace) -> int:
         ) from err
     tracked = typed(TrackersConfig, OmegaConf.select(cfg, "trackers", default=None), key="trackers")
     logging.basicConfig(level=logging.INFO, format="%(message)s")
+    phase("export", f"running {node['_target_']} (verify, export, parity check)")
     code = int(exporter(cfg))
     if code == 0 and tracked.mlflow.enabled:  # the export as a model version of its run
+        phase("export", "registering the artifact as a model version of its MLflow run")
         out = Path(str(OmegaConf.select(cfg, "export.out")))
         run_dir = Path(str(cfg.checkpoint.root)) / str(cfg.run.name)
         signing = typed(SigningConfig, cfg.signing, key="signing")

@@ -7,7 +7,7 @@ from pathlib import Path
 from typing import Any
 
 from recovery import errors
-from recovery.cli.common import duration, emit
+from recovery.cli.common import duration, emit, phase
 from recovery.format.layout import scan
 from recovery.storage import tracking
 
@@ -30,6 +30,11 @@ def cmd_sync(args: argparse.Namespace) -> int:
         if not state.get(path.name, tracking.Status()).registered
         or (args.push and not state.get(path.name, tracking.Status()).pushed)
     ]
+    if todo:
+        doing = "registering and pushing" if args.push else "registering"
+        to = f" to remote {args.remote}" if args.remote else ""
+        phase("sync", f"{doing} {len(todo)} checkpoint(s) with DVC{to} (waits up to "
+              f"{args.timeout:.0f} s)")  # fmt: skip
     publisher = tracking.Publisher(root, push=args.push, remote=args.remote)
     for path in todo:
         publisher.submit(path)
