@@ -45,6 +45,7 @@ from recovery.tools.audit_index import (
     at_recorded,
     default_root,
     index,
+    retired_at,
     run_dir_of,
 )
 
@@ -101,6 +102,10 @@ class Link:
     ``sha256``, and ``origin`` ``unverified`` (nothing vouches for who produced them)."""
     base: dict[str, Any] | None = None
     """A delta's base (``name``, ``step``, ``digest``), verified with it."""
+    retired_at: int | None = None
+    """A ``pruned`` link that its run's retention deleted (the run's sealed journal says
+    so): the step whose commit removed it. ``None`` on a pruned link: not recorded as
+    retired (deleted by hand, or its run's journal is gone)."""
     check: dict[str, Any] | None = None
     """On a resume link: the self-check of the steps that resume redid, as the run's later
     checkpoints signed it (``status``, ``compared``, ``identical``, ``first``)."""
@@ -250,7 +255,9 @@ def audit(
         seen.add(digest)
         seg = _segment(segments, ref)
         if known is None:  # only now: a target with no links never walks the root
-            known = index(root, first=run_dir_of(path))
+            recorded = ref.get("path")  # the run it links into first (an export's: its run's)
+            near = root / recorded if isinstance(recorded, str) and recorded else path
+            known = index(root, first=run_dir_of(near))
         # an artifact not named step-N (an import) or outside the root: where it was recorded
         where = known.found.get(digest) or at_recorded(ref, root)
         if where is not None:
@@ -269,7 +276,8 @@ def audit(
             prov_newer = prov_older
             ref, relation = _next(loaded.manifest.recovery)
         else:
-            if not known.complete:
+            pruned = _from_ref(relation, ref, PRUNED, retired_at=_retired(ref, root, trust))
+            if not known.complete and pruned.retired_at is None:
                 log.warning(
                     "audit: %s (sha256 %s) is not in the index of %s, which is incomplete "
                     "(see above): shown as pruned, it may still be on disk",
@@ -277,7 +285,7 @@ def audit(
                     digest,
                     root,
                 )
-            links.append(_from_ref(relation, ref, PRUNED))
+            links.append(pruned)
             ref, relation, prov_newer = _jump(segments, seg)
     for link in links:
         if link.relation in ("resume", "warm_start"):
@@ -302,6 +310,16 @@ def _from_ref(relation: str, ref: dict[str, Any], status: str, **extra: Any) -> 
     return Link(
         relation, str(ref.get("name")), ref.get("step"), str(ref.get("sha256")), status, **fields
     )
+
+
+def _retired(ref: dict[str, Any], root: Path, trust: TrustStore) -> int | None:
+    """The step whose commit made retention delete the checkpoint ``ref`` records, read
+    from the sealed journal of the run it was recorded in; ``None``: not recorded so."""
+    recorded, step = ref.get("path"), ref.get("step")
+    if not isinstance(recorded, str) or not recorded or not isinstance(step, int):
+        return None
+    run_dir = run_dir_of(Path(recorded) if os.path.isabs(recorded) else root / recorded)
+    return retired_at(run_dir, trust).get(step)
 
 
 def _segment(segments: list[dict[str, Any]], ref: dict[str, Any]) -> dict[str, Any] | None:

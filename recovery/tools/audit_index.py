@@ -10,8 +10,12 @@ each ``model.sig`` claims; nothing is trusted here, the audit verifies in full e
 directory it uses. The walk is bounded (:data:`MAX_DEPTH` levels, a run's
 ``abandoned/<branch>/`` not counted; :data:`MAX_DIRS` directories), stays under the
 root (no symlink is followed), never raises, and skips with a one-line warning each
-whatever it cannot read. :func:`default_root`, :func:`run_dir_of` and
-:func:`abandoned_of` tell from a checkpoint's path which root and run it belongs to.
+whatever it cannot read. It never enters what holds no checkpoints: hidden directories
+(``.git``, ``.venv``, ``.dvc``, ``.hydra``), virtualenvs (a ``pyvenv.cfg``),
+``node_modules``, ``site-packages``, ``__pycache__``: an artifact's root is often the
+project itself. :func:`default_root`, :func:`run_dir_of` and :func:`abandoned_of` tell
+from a checkpoint's path which root and run it belongs to; :func:`retired_at`, from its
+run's sealed journal, which steps retention deleted.
 """
 
 from __future__ import annotations
@@ -29,11 +33,14 @@ from recovery.format import bounded
 from recovery.format.layout import (
     ABANDONED_DIR,
     BEST_DIR,
+    METRICS_FILE,
     SIGNATURE_FILE,
     is_uncommitted,
     parse_step,
 )
-from recovery.integrity.signing import MAX_BUNDLE_BYTES
+from recovery.integrity import seal
+from recovery.integrity.signing import MAX_BUNDLE_BYTES, TrustStore
+from recovery.run import journal
 from recovery.run.checkpointer import WARM_START_DIR
 
 log = logging.getLogger(__name__)
@@ -46,6 +53,8 @@ MAX_DIRS = 10_000
 """Most directories the index examines (each one it lists or checks as a checkpoint) before
 it stops with a warning. Hundreds of runs with their kept checkpoints fit; a root that is
 none (``/``, ``$HOME``) ends in seconds instead of minutes."""
+NOT_CHECKPOINTS = frozenset({"node_modules", "site-packages", "__pycache__"})
+"""Directory names the index never enters (nor any hidden one, nor a virtualenv)."""
 MAX_WARNINGS = 20
 """Skipped entries warned about one line each; the rest are counted in one summary line."""
 
@@ -166,6 +175,8 @@ def index(root: Path, *, first: Path | None = None) -> Index:
                 )
                 break
             if step is None:
+                if _holds_none(path):
+                    continue
                 below_it = _below(entry.name, depth, where)
                 if below_it is not None:
                     queue.append((path, *below_it))
@@ -178,6 +189,42 @@ def index(root: Path, *, first: Path | None = None) -> Index:
     if skipped > MAX_WARNINGS:
         log.warning("audit: skipped %d more entries under %s", skipped - MAX_WARNINGS, root)
     return idx
+
+
+def _holds_none(path: Path) -> bool:
+    """Whether a directory is one that holds no checkpoints (:data:`NOT_CHECKPOINTS`, a
+    hidden one, a virtualenv), never indexed: listing ``.venv`` costs seconds and warns
+    about every link inside it."""
+    return (
+        path.name.startswith(".")
+        or path.name in NOT_CHECKPOINTS
+        or os.path.lexists(path / "pyvenv.cfg")
+    )
+
+
+def retired_at(run_dir: Path, trust: TrustStore) -> dict[int, int]:
+    """Step -> the step whose commit made retention delete it, as the run's journal
+    (``<run>/metrics.jsonl``) records it in ``retired`` events sealed by a trusted key
+    (:mod:`recovery.integrity.seal`); a step written again later is not retired. Empty
+    when there is no journal or it cannot be read."""
+    path = run_dir / METRICS_FILE
+    try:
+        obeyed = seal.check(journal.read_numbered(path), trust).obeyed if path.is_file() else []
+    except (OSError, ValueError):
+        return {}
+    out: dict[int, int] = {}
+    pending: list[int] = []
+    last = 0
+    for rec in obeyed:
+        step = rec.get("step")
+        if rec.get("event") == "checkpoint" and isinstance(step, int):
+            out.pop(step, None)  # written again (a branch): on disk, not retired
+            out.update(dict.fromkeys(pending, step))  # a commit retires before it is logged
+            pending, last = [], step
+        elif rec.get("event") == "retired":
+            pending += [s for s in rec.get("steps", []) if isinstance(s, int)]
+    out.update(dict.fromkeys(pending, last))
+    return out
 
 
 def _below(name: str, depth: int, where: int) -> tuple[int, int] | None:

@@ -286,3 +286,50 @@ def test_a_directory_named_abandoned_is_no_branch_unless_its_layout_says_so(tmp_
     branch = "from-00000002-20261201T120000"
     where = audit_index.abandoned_of(run_dir / ABANDONED_DIR / branch / step_dir_name(6))
     assert where == {"branch": branch, "run_dir": str(run_dir)}
+
+
+def test_the_index_never_enters_virtualenvs_git_or_hidden_directories(
+    lineage, signer, capsys, caplog, monkeypatch
+):
+    root, head = lineage
+    for junk in (".venv", "venv", ".git", "node_modules", "lib/python3/site-packages"):
+        (root / junk / step_dir_name(7)).mkdir(parents=True)  # would each warn if listed
+        (root / junk / step_dir_name(7) / SIGNATURE_FILE).write_bytes(b"{not a bundle")
+    (root / "venv" / "pyvenv.cfg").write_text("home = /usr/bin\n")
+    (root / ".venv" / "lib64").symlink_to(root / "lineage-outside")
+    listed = []
+    real_scandir = os.scandir
+    monkeypatch.setattr(
+        audit_index.os, "scandir", lambda p: listed.append(Path(p)) or real_scandir(p)
+    )
+    code, chain, _ = _audit(head, signer, capsys=capsys)
+    assert (code, chain) == (0, CHAIN)
+    assert _warnings(caplog) == []
+    assert not {".venv", "venv", ".git", "node_modules", "site-packages"} & {
+        part for path in listed for part in path.parts
+    }
+
+
+def test_a_checkpoint_retention_deleted_is_reported_so_not_as_a_warning(
+    tmp_path, signer, trust, prov, capsys, caplog, monkeypatch
+):
+    keys = {"signer": signer, "trust": trust, "prov": prov}
+    root = tmp_path / "ck"
+    head = _run(root, "r", 8, keys, keep_last=2)  # kept: 6 and 8; 2 and 4 retired
+    assert sorted(p.name for p in (root / "r").glob("step-*")) == ["step-00000006", head.name]
+    monkeypatch.setattr(audit_index, "MAX_DIRS", 1)  # an incomplete index must not matter
+    code = cli.main(["audit", str(head), "--json", "--trusted", str(signer.path.parent)])
+    links = json.loads(capsys.readouterr().out)["links"]
+    assert code == 0
+    assert [(ln["name"], ln["status"], ln["retired_at"]) for ln in links] == [
+        (head.name, "ok", None),
+        ("step-00000006", "ok", None),
+        ("step-00000004", "pruned", 8),  # removed by retention when step 8 was committed
+    ]
+    assert not any("not in the index" in line for line in _warnings(caplog))
+    shutil.rmtree(root / "r" / "step-00000006")  # deleted by hand: no retention recorded it
+    assert cli.main(["audit", str(head), "--json", "--trusted", str(signer.path.parent)]) == 0
+    links = json.loads(capsys.readouterr().out)["links"]
+    assert [(ln["name"], ln["status"], ln["retired_at"]) for ln in links[1:]] == [
+        ("step-00000006", "pruned", None)
+    ]
