@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import re
 
 import pytest
 
@@ -28,6 +29,19 @@ def drill_args(tmp_path, data_root, *extra: str) -> list[str]:
     ]
 
 
+def assert_progress(err: str, points: list[str]) -> None:
+    """The drill's lines on stderr, in order: the reference, each kill, the last resume."""
+    lines = [line for line in err.splitlines() if line.startswith("drill: ")]
+    kills = [f"drill: kill {i}/{len(points)} at step " for i in range(1, len(points) + 1)]
+    assert lines[0].startswith("drill: reference run") and lines[0].endswith(" started")
+    assert lines[1].startswith("drill: reference run 1/1 done in ")
+    for line, kill, point in zip(lines[2 : 2 + len(points)], kills, points, strict=True):
+        assert line.startswith(kill) and f"; {point}) after " in line, line
+        assert re.search(r" \[est\. (\d+ min )?\d+ s left\]$", line), line
+    assert lines[2 + len(points)].startswith("drill: last resume ran to the end in ")
+    assert lines[3 + len(points)] == "drill: comparing every step and the final tensors"
+
+
 def test_drill_passes_with_ten_kills_in_every_window_with_async_writes(
     tmp_path, data_root, monkeypatch, capsys
 ):
@@ -37,11 +51,13 @@ def test_drill_passes_with_ten_kills_in_every_window_with_async_writes(
     monkeypatch.delenv("RECOVERY_DRILL_DROP", raising=False)
     args = ["checkpoint.async=true", "checkpoint.keep_best=true", "--kills", "10", "--seed", "3"]
     code = cli.main(drill_args(tmp_path, data_root, *args))
-    report = json.loads(capsys.readouterr().out)
+    captured = capsys.readouterr()
+    report = json.loads(captured.out)  # stdout is the JSON alone: progress is on stderr
     assert code == 0, report["differences"]
     assert report["passed"] and report["level"] == "bitwise"
     reached = [k["point"] for k in report["kills"] if k["reached"]]
     assert len(reached) == 10
+    assert_progress(captured.err, reached)
     for kind in ("commit-write-", "commit-before-manifest-", "commit-before-rename-"):
         assert any(p.startswith(kind) for p in reached)
     for kind in ("retire-", "abandon-", "best-copy-10", "step-"):
@@ -70,7 +86,7 @@ def test_drill_fails_when_a_piece_of_state_is_not_restored(
     code = cli.main(drill_args(tmp_path, data_root, "--kills", "1", "--seed", "0"))
     captured = capsys.readouterr()
     report = json.loads(captured.out)
-    assert code == 23
+    assert code == 23 and report["error"]["code"] == 23  # one JSON document: the report
     assert (report["plot"] is None) == (dropped == "rng")
     assert not report["passed"] and report["differences"]
     assert "drill failed" in captured.err

@@ -14,6 +14,7 @@ from recovery import cli
 from recovery.integrity.trust import KEY_ENV
 from recovery.tools import killpoints
 from tests.integration.conftest import ROOT
+from tests.integration.test_drill import assert_progress
 
 pytestmark = pytest.mark.integration
 
@@ -51,11 +52,13 @@ def test_drill_of_a_plain_loop_passes_with_kills_in_commits_retention_and_betwee
     tmp_path, capsys
 ):
     code = cli.main(drill_args(tmp_path, "--kills", "5", "--seed", "0"))
-    report = json.loads(capsys.readouterr().out)
+    captured = capsys.readouterr()
+    report = json.loads(captured.out)  # stdout is the JSON alone: progress is on stderr
     assert code == 0, report["differences"]
     assert report["passed"] and report["level"] == "bitwise" and report["steps"] == 12
     reached = [k["point"] for k in report["kills"] if k["reached"]]
     assert len(reached) == 5 and all(k["exit"] == -9 for k in report["kills"])
+    assert_progress(captured.err, reached)
     for kind in ("commit-write-", "commit-before-manifest-", "commit-before-rename-"):
         assert any(p.startswith(kind) for p in reached), kind
     assert "retire-4@12" in reached and any(p.startswith("step-") for p in reached)
@@ -70,7 +73,7 @@ def test_drill_of_a_plain_loop_fails_when_its_data_position_is_not_restored(
     code = cli.main(drill_args(tmp_path, "--kills", "1", "--seed", str(seed_killing_at_8())))
     captured = capsys.readouterr()
     report = json.loads(captured.out)
-    assert code == 23 and not report["passed"]
+    assert code == 23 and not report["passed"] and report["error"]["name"] == "DrillError"
     assert report["resumes"] == [4]
     assert report["differences"][0] == "step 5: batch differs"
     assert any(d.startswith("final model/") for d in report["differences"])

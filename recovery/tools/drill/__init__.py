@@ -34,13 +34,14 @@ from pathlib import Path
 from typing import Any
 
 from recovery.errors import DrillError
-from recovery.format.layout import DISTRIBUTED, step_dir_name
+from recovery.format.layout import DISTRIBUTED, METRICS_FILE, step_dir_name
 from recovery.integrity import reader
 from recovery.integrity.signing import TrustStore
 from recovery.provenance import purpose
 from recovery.run import resume
 from recovery.state.sampler import ResumableSampler
 from recovery.tools import killpoints
+from recovery.tools.drill.pace import Pace, Say
 from recovery.tools.drill.runs import Ran, launch, never_reached, victims
 from recovery.tools.drill.verdict import DRILL_FILE as DRILL_FILE
 from recovery.tools.drill.verdict import PLOT_FILE as PLOT_FILE
@@ -49,6 +50,21 @@ from recovery.tools.drill.verdict import flat_tensors as flat_tensors
 from recovery.tools.drill.verdict import plot as _plot
 
 log = logging.getLogger(__name__)
+
+SHORT_RUN = ("train.steps=120", "checkpoint.every_steps=20")
+"""The drilled run when the overrides set neither its length nor its interval: six
+checkpoints, room for every kind of kill point (each commit phase, a retention deletion,
+a branch, step boundaries) in a drill of about two minutes on two cores. The script's
+own length (``train.steps=1200``) drills the same code over more steps: pass it."""
+
+
+def short_run(overrides: list[str]) -> list[str]:
+    """``overrides`` after :data:`SHORT_RUN`, unless they set ``train.steps`` or
+    ``checkpoint.every_steps`` themselves (then as given)."""
+    keys = {o.split("=", 1)[0] for o in SHORT_RUN}
+    if any(o.lstrip("+~").split("=", 1)[0] in keys for o in overrides):
+        return overrides
+    return [*SHORT_RUN, *overrides]
 
 
 @dataclass
@@ -125,11 +141,13 @@ def run(
     seed: int,
     trust: Callable[[], TrustStore],
     allow_untrusted: bool = False,
+    say: Say | None = None,
 ) -> Report:
     """Run the reference, the drilled victim (``kills`` kills) and the comparison.
 
     ``trust`` is called after the runs: on a fresh machine the first run is what
-    creates the local dev key that signed them.
+    creates the local dev key that signed them. ``say``: where each run and kill is
+    told as it ends, with the time left (:class:`~recovery.tools.drill.pace.Pace`).
     """
     started = time.time()
     rng = random.Random(seed)
@@ -142,27 +160,37 @@ def run(
         extra = ["checkpoint.dvc.enabled=false"]
     log.info("drill: %d kill points: %s", len(points), ", ".join(points))
     ref_root, vic_root = plan.out / "reference", plan.out / "victim"
-    code = _train(plan, ref_root, ["checkpoint.dvc.enabled=false"], pause_at=None).code
-    if code != 0:
+    ref_run, vic_run = ref_root / "drill", vic_root / "drill"
+    pace = Pace(say)
+    pace.plan(points, killpoints.commit_steps(plan.steps, plan.every), plan.steps)
+    pace.start(plan.steps)
+    alone = ["checkpoint.dvc.enabled=false"]
+    ran = pace.timed(ref_run / METRICS_FILE, lambda: _train(plan, ref_root, alone, pause_at=None))
+    if ran.code != 0:
         raise DrillError(
-            f"drill: the reference run failed (exit {code}); see {ref_root / 'drill.log'}"
+            f"drill: the reference run failed (exit {ran.code}); see {ref_root / 'drill.log'}"
         )
+    pace.reference(plan.steps)
 
     def victim(kill: killpoints.Kill) -> Ran:
-        return _train(plan, vic_root, [*extra, f"+resume={kill.resume}"], pause_at=kill.fault)
+        again = [*extra, f"+resume={kill.resume}"]
+        return pace.timed(
+            vic_run / METRICS_FILE, lambda: _train(plan, vic_root, again, pause_at=kill.fault)
+        )
 
     def failed(point: str, ran: Ran) -> DrillError:
         return DrillError(
             f"drill: the victim exited {ran.code} before {point}; see {vic_root / 'drill.log'}"
         )
 
-    kill_log = victims(points, victim, failed)
-    code = _train(plan, vic_root, [*extra, "+resume=latest"], pause_at=None).code
-    if code != 0:
+    kill_log = victims(points, victim, failed, pace.victim)
+    latest = [*extra, "+resume=latest"]
+    ran = pace.timed(vic_run / METRICS_FILE, lambda: _train(plan, vic_root, latest, pause_at=None))
+    if ran.code != 0:
         raise DrillError(
-            f"drill: the final resume failed (exit {code}); see {vic_root / 'drill.log'}"
+            f"drill: the final resume failed (exit {ran.code}); see {vic_root / 'drill.log'}"
         )
-    ref_run, vic_run = ref_root / "drill", vic_root / "drill"
+    pace.last()
     diffs = compare(plan, ref_run, vic_run, trust(), allow_untrusted=allow_untrusted)
     diffs += never_reached(kill_log)
     if plan.dvc:

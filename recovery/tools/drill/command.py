@@ -49,6 +49,7 @@ from recovery.integrity.signing import TrustStore
 from recovery.run.journal import effective_steps, read
 from recovery.storage import tracking
 from recovery.tools import killpoints
+from recovery.tools.drill.pace import Pace, Say
 from recovery.tools.drill.runs import Ran, failure, launch, never_reached, victims
 from recovery.tools.drill.verdict import Level, Report, compare_final, compare_steps, conclude
 
@@ -157,10 +158,12 @@ def run(
     seed: int,
     trust: Callable[[], TrustStore],
     allow_untrusted: bool = False,
+    say: Say | None = None,
 ) -> Report:
     """Drill ``plan.command``: the reference, the victim killed at ``kills`` points, the verdict.
 
     ``trust`` is called after the runs (the first run may be what creates the dev key).
+    ``say``: where each run and kill is told as it ends, with the time left.
 
     Raises:
         ConfigError: no ``{run_dir}`` in the command, a run it cannot drill (see
@@ -191,7 +194,11 @@ def run(
             what=f"{what} of {shown}",
         )
 
-    ran = once(ref_root, ref_run, "the reference run", None)
+    pace = Pace(say)
+    pace.start(None)  # its length is known once it has run
+    ran = pace.timed(
+        ref_run / METRICS_FILE, lambda: once(ref_root, ref_run, "the reference run", None)
+    )
     if ran.code != 0:
         raise failure(f"the reference run of {shown} (before any kill)", ran, ref_root)
     seen = watch(ref_run)
@@ -209,10 +216,14 @@ def run(
         random.Random(seed), steps=seen.steps, commits=seen.commits, retires=retires, kills=kills
     )
     log.info("drill: %d kill points: %s", len(points), ", ".join(points))
+    pace.plan(points, seen.commits, seen.steps)
+    pace.reference(seen.steps)
     done: list[str] = []
+    journal = vic_run / METRICS_FILE
 
     def victim(kill: killpoints.Kill) -> Ran:
-        ran = once(vic_root, vic_run, f"the victim's run to {kill.fault}", kill.fault)
+        what = f"the victim's run to {kill.fault}"
+        ran = pace.timed(journal, lambda: once(vic_root, vic_run, what, kill.fault))
         done.append(kill.fault)
         return ran
 
@@ -220,12 +231,13 @@ def run(
         after = f"after the kill at {done[-2]}" if len(done) > 1 else "before any kill"
         return failure(f"the victim's run of {shown} ({after}, aimed at {point})", ran, vic_root)
 
-    kill_log = victims(points, victim, failed)
-    ran = once(vic_root, vic_run, "the victim's last run", None)
+    kill_log = victims(points, victim, failed, pace.victim)
+    ran = pace.timed(journal, lambda: once(vic_root, vic_run, "the victim's last run", None))
     if ran.code != 0:
         n = len(kill_log)
         after = f"after {n} kill{'s' if n != 1 else ''}" if n else "with no kill"
         raise failure(f"the victim's last run of {shown} ({after})", ran, vic_root)
+    pace.last()
     store = trust()
     diffs = compare_steps(ref_run, vic_run, plan.level)
     last = step_dir_name(seen.steps)

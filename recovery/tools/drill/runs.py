@@ -101,16 +101,20 @@ def victims(
     points: Sequence[str],
     run: Callable[[killpoints.Kill], Ran],
     failed: Callable[[str, Ran], Exception],
+    ended: Callable[[str, Ran], None] | None = None,
 ) -> list[dict[str, Any]]:
     """Run the victim once per point, in order (``run`` starts it armed at the point): the
     kill log. A run that ends by itself before its point stops the series (its later
     points cannot come either): a clean end is left to the verdict (never reached),
-    a failure raises ``failed(point, ran)``.
+    a failure raises ``failed(point, ran)``. ``ended(point, ran)`` hears of each run
+    as it ends (the drill's progress line).
     """
     log_: list[dict[str, Any]] = []
     for point in points:
         ran = run(killpoints.parse(point))
         log_.append({"point": point, "reached": bool(ran.hit), "exit": ran.code})
+        if ended is not None:
+            ended(point, ran)
         if not ran.hit:
             if ran.code != 0:
                 raise failed(point, ran)
