@@ -12,7 +12,7 @@ from typing import TYPE_CHECKING, Any
 from recovery import errors
 from recovery.config import SigningConfig, parse_duration
 from recovery.integrity import trust
-from recovery.integrity.signing import PUBLIC_KEY_FILE, TrustStore
+from recovery.integrity.signing import TrustStore
 
 if TYPE_CHECKING:  # imported when a command loads tensors, not to list commands
     from recovery.run import resume
@@ -74,9 +74,10 @@ def add_trust_flags(p: argparse.ArgumentParser) -> None:
         "--trusted",
         action="append",
         metavar="PATH",
-        help="trusted public key file or directory (repeatable; default .recovery/trusted; "
-        "the dev key (./.recovery/dev-key, else ~/.config/recovery/dev-key) and the key "
-        "$RECOVERY_SIGNING_KEY names are always trusted)",
+        help="trusted public key file or directory (repeatable; default .recovery/trusted); "
+        "always trusted too: the dev keys ($RECOVERY_DEV_KEY_DIR, the nearest .recovery/dev-key "
+        "above the working directory, ~/.config/recovery/dev-key, every dev key made on this "
+        "machine: ~/.config/recovery/dev-keys/) and the key $RECOVERY_SIGNING_KEY names",
     )
     p.add_argument(
         "--allow-untrusted",
@@ -87,7 +88,8 @@ def add_trust_flags(p: argparse.ArgumentParser) -> None:
 
 
 def trust_of(args: argparse.Namespace) -> TrustStore:
-    """The trust store ``--trusted`` names (default ``.recovery/trusted``) plus the dev key."""
+    """The trust store ``--trusted`` names (default ``.recovery/trusted``) plus the dev keys
+    (:func:`recovery.integrity.trust.trust_store`)."""
     defaults = SigningConfig()
     missing = [p for p in args.trusted or [] if not Path(p).exists()]
     if missing:
@@ -96,11 +98,9 @@ def trust_of(args: argparse.Namespace) -> TrustStore:
             "or a directory of them"
         )
     paths = [Path(p) for p in args.trusted] if args.trusted else [Path(defaults.trusted)]
-    store = TrustStore.from_paths(paths, dev_keys=[trust.dev_key_dir() / PUBLIC_KEY_FILE])
-    signer = trust.env_signer()  # the key this shell's runs sign with is this shell's to trust
-    if signer is not None:
-        store.add_pem(signer.public_pem, source=f"${trust.KEY_ENV} ({signer.path})")
-    return store
+    # the dev keys of the search order and of this machine, and $RECOVERY_SIGNING_KEY's key
+    # (this shell's runs sign with it): the same from any working directory
+    return trust.trust_store(paths)
 
 
 def load(args: argparse.Namespace, path: Path) -> resume.Loaded:

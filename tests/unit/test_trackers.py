@@ -62,14 +62,19 @@ def test_tensorboard_directory_defaults_to_runs_and_is_never_inside_the_run(tmp_
     ("fields", "message"),
     [
         ({"enabled": True}, "tracking_uri: unset"),
-        ({"close_timeout": "soon"}, "close_timeout"),
-        ({"enabled": True, "tracking_uri": "http://h", "experiment": ""}, "experiment"),
+        ({"close_timeout": "soon"}, "close_timeout: .*set e.g. "),
+        ({"enabled": True, "tracking_uri": "http://h", "experiment": ""}, "experiment: .*set e.g"),
     ],
 )
 def test_a_bad_mlflow_setting_is_refused_at_start_up(monkeypatch, fields, message):
     monkeypatch.delenv("MLFLOW_TRACKING_URI", raising=False)
     with pytest.raises(ConfigError, match=message):
         MlflowConfig(**fields)
+
+
+def test_an_empty_tensorboard_directory_is_refused_in_one_line_with_a_value_to_set():
+    with pytest.raises(ConfigError, match=r"^trackers.tensorboard.log_dir: .*set e.g. "):
+        TensorBoardConfig(log_dir=" ")
 
 
 def test_the_environments_tracking_uri_is_enough(monkeypatch):

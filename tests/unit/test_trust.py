@@ -73,6 +73,7 @@ def test_a_projects_checkpoint_is_trusted_from_any_working_directory(tmp_path, m
     assert trust.resolve_signer(SigningConfig(), near=[path.parent]).public_pem == (
         signer.public_pem  # and a resume from elsewhere signs with the project's key
     )
+    assert cli.main(["verify", str(path)]) == 0  # and the CLI trusts it from there too
 
 
 def test_a_key_found_beside_a_checkpoint_is_not_trusted_and_the_message_lists_the_search(

@@ -11,7 +11,7 @@ import importlib.util
 import os
 from dataclasses import dataclass, field
 
-from recovery.config import parse_duration
+from recovery.config import parse_duration, refuse
 from recovery.errors import ConfigError
 
 TRACKING_URI_ENV = "MLFLOW_TRACKING_URI"
@@ -19,7 +19,10 @@ TRACKING_URI_ENV = "MLFLOW_TRACKING_URI"
 
 def _needs(module: str, extra: str, key: str) -> None:
     if importlib.util.find_spec(module) is None:
-        raise ConfigError(f"{key}: needs the {extra} extra: pip install 'recovery[{extra}]'")
+        raise ConfigError(
+            f"{key}: needs the {extra} extra, which is not installed; install it with "
+            f"pip install -e '.[{extra}]' from the checkout, or set {key}.enabled=false"
+        )
 
 
 @dataclass(kw_only=True)
@@ -33,6 +36,12 @@ class TensorBoardConfig:
     inside the run directory, which holds only the run."""
 
     def __post_init__(self) -> None:
+        if self.log_dir is not None and not str(self.log_dir).strip():
+            raise refuse(
+                "trackers.tensorboard.log_dir",
+                "expected a directory or null (runs/<run name>), got an empty string",
+                "runs/mine",
+            )
         if self.enabled:
             _needs("tensorboard", "tensorboard", "trackers.tensorboard")
 
@@ -56,7 +65,7 @@ class MlflowConfig:
         try:
             parse_duration(self.close_timeout)
         except ValueError as err:
-            raise ConfigError(f"trackers.mlflow.close_timeout: {err}") from None
+            raise refuse("trackers.mlflow.close_timeout", str(err), "60s") from None
         if not self.enabled:
             return
         _needs("mlflow", "mlflow", "trackers.mlflow")
@@ -66,7 +75,9 @@ class MlflowConfig:
                 "tracking server (trackers.mlflow.tracking_uri=http://127.0.0.1:5000)"
             )
         if not self.experiment:
-            raise ConfigError("trackers.mlflow.experiment: must not be empty")
+            raise refuse(
+                "trackers.mlflow.experiment", "expected a name, got an empty string", "recovery"
+            )
 
     @property
     def uri(self) -> str:
