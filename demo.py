@@ -3,20 +3,28 @@
 Runs real processes on the embedded defaults and narrates:
 0. ``dvc repro prepare``: the interaction log;
 1. an uninterrupted reference run;
-2. the run ``default`` started with the requeue-safe ``+resume=latest``, each
-   checkpoint registered with DVC and pushed to the local remote, killed with
+2. the run ``default`` started with the requeue-safe ``+resume=latest``, killed with
    SIGKILL between two checkpoints (a preemption);
 3. the same command again, which resumes from the newest verified checkpoint;
 4. every step's loss, lr and batch and the final parameters compared bit for bit;
-5. ``recovery ls`` / ``verify`` / ``audit``: signed checkpoints, their DVC state,
-   provenance and lineage;
+5. ``recovery ls`` / ``verify`` / ``audit``: signed checkpoints, provenance, lineage;
 6. the same run with async saves at the auto interval, and what checkpointing cost;
 7. ``dvc repro``: the export stage turns the newest checkpoint into a signed
    inference artifact, ``recovery predict`` serves raw ids with it (one unknown),
    and ``recovery audit`` walks from the artifact back to the run's start.
 
-Scratch runs go under ``.demo/``; the main run is ``checkpoints/default`` (the
-run ``dvc.yaml`` exports), which the demo only replaces if it made it.
+What it leaves, and where (``git status`` stays clean; a second demo starts over):
+scratch runs and inputs under ``.demo/``; the main run ``checkpoints/default`` (the run
+``dvc.yaml`` exports), which the demo only replaces if it made it; the data
+``data/interactions`` and the artifact ``artifacts/default``, the pipeline's outputs in
+DVC's cache; the dev signing key under ``.recovery/``. All of it is git-ignored: the
+demo's runs are not registered with DVC (``checkpoint.dvc.enabled=false``), so they
+leave no ``.dvc`` files to commit, and ``dvc.lock`` is restored as committed.
+
+``RECOVERY_DEMO_STEPS=N`` (N >= 12; default 1200) runs the same steps and commands
+with N training steps, a checkpoint every N/6 and the kill after 3.5 checkpoints,
+passed as ``train.steps=`` and ``checkpoint.every_steps=`` overrides: a quick demo
+(the tests run it this way).
 """
 
 from __future__ import annotations
@@ -42,9 +50,28 @@ HERE = Path(__file__).resolve().parent
 DEMO = HERE / ".demo"
 MAIN = HERE / "checkpoints" / "default"
 MARKER = MAIN / ".made-by-demo"
-STEPS = 1200
-KILL_AT = 700
-ENV = {**os.environ, "PATH": f"{Path(sys.executable).parent}:{os.environ.get('PATH', '')}"}
+DEFAULT_STEPS = 1200
+STEPS_ENV = "RECOVERY_DEMO_STEPS"
+# the commands run this checkout's code (train.py's own directory is first on its
+# sys.path anyway; the console scripts and DVC's stage commands need PYTHONPATH)
+ENV = {
+    **os.environ,
+    "PATH": os.pathsep.join([str(Path(sys.executable).parent), os.environ.get("PATH", "")]),
+    "PYTHONPATH": os.pathsep.join(p for p in (str(HERE), os.environ.get("PYTHONPATH")) if p),
+}
+
+
+def sizes() -> tuple[int, int, int, list[str]]:
+    """``(steps, checkpoint every, kill after, overrides)`` from ``RECOVERY_DEMO_STEPS``."""
+    raw = os.environ.get(STEPS_ENV, str(DEFAULT_STEPS))
+    if not raw.isdigit() or int(raw) < 12:
+        raise SystemExit(f"{STEPS_ENV}={raw!r}: expected a whole number of steps >= 12")
+    steps = int(raw)
+    every = steps // 6
+    # the default is the embedded config's (train.steps=1200, checkpoint.every_steps=200)
+    quick = [f"train.steps={steps}", f"checkpoint.every_steps={every}"]
+    overrides = [] if steps == DEFAULT_STEPS else quick
+    return steps, every, 3 * every + every // 2, overrides
 
 
 def say(text: str) -> None:
@@ -103,24 +130,26 @@ def main() -> int:
 
 
 def demo() -> int:
+    steps, every, kill_at, size = sizes()
     fresh_start()
     t0 = time.time()
-    scratch = [f"checkpoint.root={DEMO}", "checkpoint.dvc.enabled=false"]
+    # no run of the demo registers its checkpoints with DVC: a registered checkpoint's
+    # .dvc file is for git (DVC refuses a git-ignored one), and the demo's runs are not
+    # yours to version
+    off = "checkpoint.dvc.enabled=false"
+    scratch = [f"checkpoint.root={DEMO}", off, *size]
 
     say("0. The data: the pipeline's prepare stage (its DVC hash is the dataset version)")
     if run("dvc", "repro", "prepare") != 0:
         return 1
 
-    say(f"1. Reference: an uninterrupted run of {STEPS} steps")
+    say(f"1. Reference: an uninterrupted run of {steps} steps")
     if train(*scratch, "run.name=reference") != 0:
         return 1
 
-    say(
-        f"2. The run, preempted with SIGKILL after step {KILL_AT} (checkpoints every 200, "
-        "each registered with DVC and pushed to the local remote)"
-    )
-    main_run = ["+resume=latest", "checkpoint.dvc.push=true"]
-    rc = train(*main_run, kill_at=KILL_AT)
+    say(f"2. The run, preempted with SIGKILL after step {kill_at} (checkpoints every {every})")
+    main_run = ["+resume=latest", off, *size]
+    rc = train(*main_run, kill_at=kill_at)
     print(f"--> process ended by signal {-rc}; what survived on disk:", flush=True)
     run("recovery", "ls", str(MAIN))
 
@@ -142,18 +171,18 @@ def demo() -> int:
             trusted=str(HERE / ".recovery/trusted"), dev_key_dir=str(HERE / ".recovery/dev-key")
         )
     )
-    a = resume.load(DEMO / "reference" / step_dir_name(STEPS), keys).decoded
-    b = resume.load(MAIN / step_dir_name(STEPS), keys).decoded
+    a = resume.load(DEMO / "reference" / step_dir_name(steps), keys).decoded
+    b = resume.load(MAIN / step_dir_name(steps), keys).decoded
     pa, pb = parameters_digest(a.tree["model"]), parameters_digest(b.tree["model"])
     print(f"steps compared:          {len(ref)} (loss, lr, epoch, batch ids)")
     print(f"differences:             {len(diffs)}")
-    print(f"first loss -> last loss: {ref[1]['loss']:.4f} -> {ref[STEPS]['loss']:.4f}")
+    print(f"first loss -> last loss: {ref[1]['loss']:.4f} -> {ref[steps]['loss']:.4f}")
     print(f"reference parameters:    sha256 {pa}")
     print(f"resumed parameters:      sha256 {pb}")
     same = not diffs and pa == pb
     print("verdict:                 " + ("BIT-IDENTICAL" if same else f"DIFFERENT at {diffs[:3]}"))
 
-    say("5. The resumed run's checkpoints: hashes, signature, signer's trust, DVC state")
+    say("5. The resumed run's checkpoints: hashes, signature, signer's trust, provenance")
     run("recovery", "ls", str(MAIN))
     newest = scan(MAIN).committed[-1][1]
     rc = run("recovery", "verify", str(newest))
@@ -165,7 +194,7 @@ def demo() -> int:
     events = read(DEMO / "auto" / METRICS_FILE)
     summary = next(r for r in events if r.get("event") == "run_summary")
     saves = [r for r in events if r.get("event") == "checkpoint"]
-    auto = resume.load(DEMO / "auto" / step_dir_name(STEPS), keys).decoded
+    auto = resume.load(DEMO / "auto" / step_dir_name(steps), keys).decoded
     same_auto = parameters_digest(auto.tree["model"]) == pa
     interval = summary["interval"].get("seconds") or 0.0
     pause_ms = sorted(r["pause_s"] for r in saves)[len(saves) // 2] * 1e3
@@ -188,7 +217,10 @@ def demo() -> int:
     rc = rc or run("recovery", "predict", str(artifact), "--input", str(requests))
     rc = rc or run("recovery", "audit", str(artifact))
     print(f"\ndemo finished in {time.time() - t0:.1f}s; the run is in {MAIN}, scratch in {DEMO}")
-    print(f"its checkpoints' .dvc files are in {MAIN} (git add them to version the run)")
+    print(
+        "a run of your own registers each checkpoint with DVC (checkpoint.dvc.enabled, "
+        "on by default): git add its .dvc files to version it"
+    )
     return 0 if same and rc == 0 else 1
 
 
