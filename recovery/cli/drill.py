@@ -31,7 +31,7 @@ USAGE = 2
 """Exit code of a bad command line (README's table), as argparse's own refusals."""
 RUN_DIR = "{run_dir}"
 """A drilled command's run directory (:data:`recovery.tools.drill.command.RUN_DIR`)."""
-KILLS = 6
+KILLS = 8
 """The default ``--kills``: with the drill's short run, about two minutes on two cores."""
 
 

@@ -100,12 +100,25 @@ def test_pace_says_each_run_in_order_with_the_time_left_until_the_comparison(tmp
         "drill: kill 1/2 at step 20 (during the save of step 20: writing its tensors; "
         "commit-write-20) after 0 s [est."
     )
-    assert texts[3] == "drill: run 2/2 ended by itself (exit 0) before step-30 [est. 0 s left]"
+    assert (
+        texts[3] == "drill: run 2/2 ended by itself before step-30 (never reached) [est. 0 s left]"
+    )
     assert texts[4:] == [
         "drill: last resume ran to the end in 0 s",
         "drill: comparing every step and the final tensors",
     ]
     assert [a for _, a in said] == [0, 1, 1, 1, 1, 0]
+
+
+def test_a_run_that_fails_by_itself_is_told_without_an_estimate(tmp_path):
+    said: list[str] = []
+    pace = Pace(lambda text, *, advance, left: said.append(text))
+    pace.plan(["step-5", "step-7"], [4, 8], 8)
+    pace.timed(tmp_path / "none.jsonl", lambda: Ran(0, "", ""))
+    pace.reference(8)
+    pace.timed(tmp_path / "none.jsonl", lambda: Ran(1, "", "boom"))
+    pace.victim("step-5", Ran(1, "", "boom"))
+    assert said[-1] == "drill: run 1/2 failed by itself (exit 1) before step-5"
 
 
 class _Terminal(io.StringIO):

@@ -117,9 +117,12 @@ class Pace:
         if ran.hit:
             step = killpoints.parse(point).step
             text = f"drill: kill {i} at step {step} ({describe(point)}; {point}) after {took}"
-        else:
-            text = f"drill: run {i} ended by itself ({exit_text(ran.code)}) before {point}"
+        elif ran.code == 0:
+            text = f"drill: run {i} ended by itself before {point} (never reached)"
             self._todo = self._todo[-1:]  # the series stops: the last resume is left
+        else:
+            text = f"drill: run {i} failed by itself ({exit_text(ran.code)}) before {point}"
+            self._todo = []  # the drill stops with its error
         self._line(text)
 
     def last(self) -> None:
