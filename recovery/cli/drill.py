@@ -35,6 +35,16 @@ KILLS = 8
 """The default ``--kills``: with the drill's short run, about two minutes on two cores."""
 
 
+def __getattr__(name: str) -> Any:
+    """``drill_command`` (:mod:`recovery.tools.drill.command`), imported on first use: a
+    module attribute as before the drill was imported lazily, for code that patches it."""
+    if name == "drill_command":
+        from recovery.tools.drill import command
+
+        return command
+    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
+
+
 def command_of(positionals: list[str]) -> list[str] | None:
     """The drilled command, if the positionals are one (see the module); else ``None``."""
     if not positionals:
@@ -143,13 +153,12 @@ def cmd_drill(args: argparse.Namespace) -> int:
     command = command_of(list(args.overrides))
     if command is not None:
         return _drill_command(args, command)
-    from omegaconf import OmegaConf
-
     from recovery.cli.overrides import compose
     from recovery.config import CheckpointConfig, DrillConfig, TrainConfig, typed
 
     overrides = drill.short_run(list(args.overrides))
-    cfg = compose("drill", overrides)
+    cfg = compose("drill", overrides)  # first: without Hydra, the one line naming the extra
+    from omegaconf import OmegaConf
 
     judged = typed(DrillConfig, OmegaConf.select(cfg, "drill", default=None), key="drill")
     ck = typed(CheckpointConfig, cfg.checkpoint, key="checkpoint")
