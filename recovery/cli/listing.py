@@ -20,7 +20,6 @@ from recovery.cli.common import (
     add_trust_flags,
     emit,
     human_size,
-    signer_of,
     signer_text,
     trust_of,
 )
@@ -32,7 +31,7 @@ from recovery.format.layout import (
     parse_step,
     scan,
 )
-from recovery.run import journal, resume
+from recovery.run import checked, journal
 from recovery.storage import tracking
 from recovery.tools.report.run import story
 
@@ -68,10 +67,11 @@ def verdict(err: errors.RecoveryError, ckpt: Path) -> str:
 
 
 def ls_row(path: Path, args: argparse.Namespace, trust: Any) -> dict[str, Any]:
-    """One committed checkpoint, verified; a failure's error is kept under ``exception``."""
+    """One committed checkpoint, verified (no tensor decoded: :func:`.checked.check`); a
+    failure's error is kept under ``exception``."""
     row: dict[str, Any] = {"path": str(path), "purpose": None, "size": 0}
     try:
-        loaded = resume.load(path, trust, allow_untrusted=args.allow_untrusted)
+        loaded = checked.check(path, trust, allow_untrusted=args.allow_untrusted)
     except errors.RecoveryError as err:
         # status stays the class name (what scripts match on); summary is the table's text
         row.update(verified=False, status=type(err).__name__, summary=verdict(err, path))
@@ -79,14 +79,14 @@ def ls_row(path: Path, args: argparse.Namespace, trust: Any) -> dict[str, Any]:
         if isinstance(err, errors.UntrustedSignerError):
             row["key_id"] = err.key_id
         return row
-    metrics = loaded.decoded.meta.get("metrics", {})
+    metrics = loaded.meta.get("metrics", {})
     delta = loaded.delta
     summary = f"ok, delta of {delta['base']}" if delta is not None else "ok"
     row.update(purpose=loaded.manifest.purpose, verified=True, status="ok", summary=summary)
     row["base"] = delta["base"] if delta is not None else None
     row.update(size=sum(r.size for r in loaded.manifest.files), loss=metrics.get("loss"))
-    row["signer"] = signer_of(loaded)
-    row["dvc_enabled"] = dvc_enabled(loaded.files.get(CONFIG_FILE))
+    row["signer"] = checked.signer(loaded.manifest)
+    row["dvc_enabled"] = dvc_enabled(loaded.documents.get(CONFIG_FILE))
     return row
 
 

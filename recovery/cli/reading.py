@@ -11,7 +11,7 @@ import argparse
 import json
 import sys
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from recovery.cli.codes import exit_code
 from recovery.cli.common import (
@@ -28,27 +28,28 @@ from recovery.cli.common import (
     trust_of,
 )
 from recovery.provenance import lineage
-from recovery.run import selfcheck
-from recovery.state.registry import MODEL
-from recovery.tools import audit
-from recovery.tools.report import lineage as report_lineage
+from recovery.run import checked, selfcheck
+
+if TYPE_CHECKING:  # audit verifies by decoding (torch): imported by the audit command only
+    from recovery.tools import audit
 
 
 def cmd_verify(args: argparse.Namespace) -> int:
     size = size_of(Path(args.path))
     if size >= LARGE:  # a bar shows on a terminal (recovery.progress); a line elsewhere
         phase("verify", f"reading and hashing {human_size(size)} of {args.path}")
-    loaded = load(args, Path(args.path))
+    # every check of a resume's, no tensor decoded (recovery.run.checked): no torch
+    loaded = checked.check(Path(args.path), trust_of(args), allow_untrusted=args.allow_untrusted)
     mf = loaded.manifest
     data: dict[str, Any] = {
         "path": str(loaded.path),
         "ok": True,
-        "step": loaded.decoded.step,
+        "step": loaded.step,
         "purpose": mf.purpose,
         "components": loaded.components,
         "files": len(mf.files),
         "sha256": mf.root,
-        "signer": signer_of(loaded),
+        "signer": checked.signer(mf),
         "delta": loaded.delta,
     }
     chain = (
@@ -57,7 +58,7 @@ def cmd_verify(args: argparse.Namespace) -> int:
     emit(
         args,
         data,
-        f"OK {loaded.path}: step {loaded.decoded.step}, purpose {mf.purpose}, "
+        f"OK {loaded.path}: step {loaded.step}, purpose {mf.purpose}, "
         f"{len(mf.files)} files verified, signed by {signer_text(data['signer'])}, "
         f"sha256 {mf.root}{chain}",
     )
@@ -82,6 +83,8 @@ def delta_lines(delta: dict[str, Any] | None) -> list[str]:
 
 
 def cmd_inspect(args: argparse.Namespace) -> int:
+    from recovery.state.registry import MODEL  # torch: inspect decodes the parameters
+
     loaded = load(args, Path(args.path))
     mf, decoded = loaded.manifest, loaded.decoded
     rec = mf.recovery
@@ -140,6 +143,8 @@ def audit_text(report: audit.Report) -> str:
             f"  a checkpoint of abandoned branch {report.abandoned['branch']}, moved out of "
             f"{report.abandoned['run_dir']} when the run resumed from an earlier step"
         )
+    from recovery.tools import audit
+
     marks = {audit.OK: "[ok]    ", audit.PRUNED: "[pruned]", audit.FAILED: "[FAILED]"}
     for i, link in enumerate(report.links):
         arrow = "" if i == 0 else f"<- {link.relation}: "
@@ -219,6 +224,9 @@ def cmd_audit(args: argparse.Namespace) -> int:
     if args.json and args.format == "dot":
         print("error: audit: --json and --format dot are two outputs; pick one", file=sys.stderr)
         return 2
+    from recovery.tools import audit
+    from recovery.tools.report import lineage as report_lineage
+
     report = audit.audit(
         Path(args.path),
         trust_of(args),

@@ -26,9 +26,10 @@ from typing import Any
 import torch
 
 from recovery.errors import FormatError
+from recovery.format import statedoc, tensorrefs
 
-ROWS = "__delta__/rows/"
-VALUES = "__delta__/values/"
+ROWS = statedoc.ROWS
+VALUES = statedoc.VALUES
 """Prefixes of the stored keys of a patched table: its changed rows and their values."""
 
 _BITS = {1: torch.uint8, 2: torch.int16, 4: torch.int32, 8: torch.int64}
@@ -121,23 +122,12 @@ def patch(
         return dict(stored)
     out = {k: v for k, v in stored.items() if not k.startswith((ROWS, VALUES))}
     for key in tables:
-        rows, values, old = stored.get(ROWS + key), stored.get(VALUES + key), base.get(key)
-        if rows is None or values is None:
-            raise FormatError(f"{where}: patched table {key!r} has no stored rows or values")
-        if old is None:
-            raise FormatError(
-                f"{where}: patched table {key!r} is not in the base checkpoint; the delta and "
-                "its base do not belong together"
-            )
+        rows, values, old = tensorrefs.table_parts(stored, base, key, where=where)
         _check(key, rows, values, old, where=where)
         full = old.clone()
         full[rows] = values
         out[key] = full
-    unknown = sorted(k[len(p) :] for k in stored for p in (ROWS, VALUES) if k.startswith(p))
-    if stray := sorted(set(unknown) - set(tables)):
-        raise FormatError(
-            f"{where}: holds delta rows of {stray[0]!r}, which state.json does not list"
-        )
+    tensorrefs.no_stray(stored, tables, where=where)
     return dict(sorted(out.items()))
 
 

@@ -10,6 +10,9 @@ our own reader; it needs the ``blake3`` package (``recovery[blake3]``).
 from __future__ import annotations
 
 import hashlib
+import os
+from collections.abc import Callable
+from pathlib import Path
 from typing import Protocol
 
 from recovery.errors import FormatError
@@ -17,6 +20,9 @@ from recovery.errors import FormatError
 SHA256 = "sha256"
 BLAKE3 = "blake3"
 ALGORITHMS = (SHA256, BLAKE3)
+
+CHUNK = 8 << 20
+"""Bytes read (or written) at a time."""
 
 
 class Hasher(Protocol):
@@ -52,3 +58,41 @@ def of(data: bytes | memoryview, algorithm: str) -> str:
     h = new(algorithm)
     h.update(data)
     return h.hexdigest()
+
+
+def hash_file(
+    path: Path,
+    *,
+    algorithm: str = SHA256,
+    progress: Callable[[int], None] | None = None,
+) -> tuple[str, int]:
+    """The digest and size of a file already on disk (a symlink is refused, not followed)."""
+    fd = os.open(path, os.O_RDONLY | os.O_NOFOLLOW)
+    try:
+        return hash_fd(fd, algorithm=algorithm, progress=progress)
+    finally:
+        os.close(fd)
+
+
+def hash_fd(
+    fd: int,
+    *,
+    algorithm: str = SHA256,
+    progress: Callable[[int], None] | None = None,
+) -> tuple[str, int]:
+    """The digest and size of the file open on ``fd``, read from its start with positioned
+    reads (the descriptor's offset is neither used nor moved) into one reused buffer."""
+    digest = new(algorithm)
+    buffer = memoryview(bytearray(CHUNK))
+    size = 0
+    while got := os.preadv(fd, [buffer], size):
+        digest.update(buffer[:got])
+        size += got
+        if progress is not None:
+            progress(got)
+    return digest.hexdigest(), size
+
+
+def workers(count: int) -> int:
+    """Threads to read or write ``count`` files at once: one per core, at most ``count``."""
+    return max(1, min(count, os.cpu_count() or 1))

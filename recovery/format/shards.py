@@ -19,13 +19,14 @@ from __future__ import annotations
 import json
 import re
 from collections.abc import Mapping
-from typing import Any
-
-import torch
+from typing import TYPE_CHECKING, Any
 
 from recovery.errors import FormatError
 from recovery.format import bounded
 from recovery.format.layout import TENSOR_SUFFIX
+
+if TYPE_CHECKING:  # only annotations: the index and shard names are read without torch
+    import torch
 
 INDEX_SUFFIX = f"{TENSOR_SUFFIX}.index.json"
 

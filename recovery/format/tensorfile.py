@@ -39,10 +39,14 @@ import torch
 
 from recovery import faults
 from recovery.errors import FormatError
-from recovery.format import bounded, digests
+from recovery.format import digests, safeheader
 from recovery.format.manifest import FileRecord
 
-CHUNK = 8 << 20
+CHUNK = digests.CHUNK
+hash_file = digests.hash_file
+hash_fd = digests.hash_fd
+workers = digests.workers
+"""Re-exported: hashing a file needs no torch (:mod:`recovery.format.digests`)."""
 
 METADATA: dict[str, str] = {"format": "pt"}
 """What every header's ``__metadata__`` holds (the framework, as Hugging Face expects)."""
@@ -127,9 +131,10 @@ _BY_NAME = {name: dtype for dtype, name in DTYPES.items()}
 
 
 def views(
-    buffer: torch.Tensor, *, name: str, advice: str = "the file was not written by this tool"
+    buffer: torch.Tensor, *, name: str, advice: str = safeheader.DEFAULT_ADVICE
 ) -> dict[str, torch.Tensor]:
-    """Tensors over ``buffer`` (a uint8 tensor holding a whole safetensors file), no copy.
+    """Tensors over ``buffer`` (a uint8 tensor holding a whole safetensors file), no copy,
+    after :func:`recovery.format.safeheader.parse` has checked its header.
 
     ``advice`` ends the error message (what the reader should do about a bad file).
 
@@ -137,98 +142,18 @@ def views(
         FormatError: naming the file, when the bytes are not a well-formed
             safetensors file (a pickle under that name, say).
     """
-
-    def bad(what: str) -> FormatError:
-        return FormatError(f"{name}: expected a safetensors file, found {what}; {advice}")
-
     total = buffer.numel()
-    if total < 8:
-        raise bad(f"{total} bytes")
-    n = int.from_bytes(bytes(buffer[:8].numpy()), "little")
-    if n > total - 8 or n > 100 << 20:
-        raise bad(f"a header length of {n} bytes in a {total}-byte file")
-    try:
-        head = bounded.json_loads(bytes(buffer[8 : 8 + n].numpy()))
-    except (UnicodeDecodeError, ValueError) as err:
-        raise bad(f"an unreadable header ({err})") from None
-    if not isinstance(head, dict):
-        raise bad("a header that is not a JSON object")
-    start = 8 + n
-    entries = []
-    for key, spec in head.items():
-        if key == "__metadata__":
-            continue
-        try:
-            dtype = _BY_NAME[spec["dtype"]]
-            shape = [int(d) for d in spec["shape"]]
-            begin, end = (int(x) for x in spec["data_offsets"])
-        except (KeyError, TypeError, ValueError) as err:
-            raise bad(f"a malformed entry for '{key}' ({err!r})") from None
-        count = 1
-        for d in shape:
-            if d < 0:
-                raise bad(f"a negative dimension for '{key}'")
-            count *= d
-        size = count * torch.empty((), dtype=dtype).element_size()
-        if begin < 0 or end - begin != size:
-            raise bad(
-                f"'{key}' spanning {begin}..{end} for {size} bytes of {shape} {spec['dtype']}"
-            )
-        entries.append((begin, end, key, dtype, shape))
-    entries.sort()
-    cursor = 0
-    for begin, end, key, _, _ in entries:
-        if begin != cursor:
-            raise bad(f"'{key}' starting at {begin}, expected {cursor} (a gap or an overlap)")
-        cursor = end
-    if start + cursor != total:
-        raise bad(f"data ending at {start + cursor}, file size {total}")
+    first = bytes(buffer[:8].numpy())
+    end = safeheader.needed(first, total, name=name, advice=advice)
+    head = safeheader.parse(bytes(buffer[:end].numpy()), total, name=name, advice=advice)
     out: dict[str, torch.Tensor] = {}
-    for begin, end, key, dtype, shape in entries:
-        raw = buffer[start + begin : start + end]
-        itemsize = torch.empty((), dtype=dtype).element_size()
-        if (start + begin) % itemsize:
+    for e in head.entries:
+        dtype = _BY_NAME[e.dtype]
+        raw = buffer[head.start + e.begin : head.start + e.end]
+        if (head.start + e.begin) % safeheader.ITEMSIZE[e.dtype]:
             raw = raw.clone()  # misaligned (a foreign writer): one small copy
-        out[key] = raw.view(dtype).reshape(shape)
+        out[e.key] = raw.view(dtype).reshape(e.shape)
     return dict(sorted(out.items()))
-
-
-def workers(count: int) -> int:
-    """Threads to read or write ``count`` files at once: one per core, at most ``count``."""
-    return max(1, min(count, os.cpu_count() or 1))
-
-
-def hash_file(
-    path: Path,
-    *,
-    algorithm: str = digests.SHA256,
-    progress: Callable[[int], None] | None = None,
-) -> tuple[str, int]:
-    """The digest and size of a file already on disk (a symlink is refused, not followed)."""
-    fd = os.open(path, os.O_RDONLY | os.O_NOFOLLOW)
-    try:
-        return hash_fd(fd, algorithm=algorithm, progress=progress)
-    finally:
-        os.close(fd)
-
-
-def hash_fd(
-    fd: int,
-    *,
-    algorithm: str = digests.SHA256,
-    progress: Callable[[int], None] | None = None,
-) -> tuple[str, int]:
-    """The digest and size of the file open on ``fd``, read from its start with positioned
-    reads (the descriptor's offset is neither used nor moved) into one reused buffer."""
-    digest = digests.new(algorithm)
-    buffer = memoryview(bytearray(CHUNK))
-    size = 0
-    while got := os.preadv(fd, [buffer], size):
-        digest.update(buffer[:got])
-        size += got
-        if progress is not None:
-            progress(got)
-    return digest.hexdigest(), size
 
 
 def read_hashed(

@@ -11,15 +11,24 @@ is always full: a chain is one base and one delta, never longer.
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
+from typing import Any, Protocol, TypeVar
 
 from recovery.errors import BrokenChainError, ManifestError, RecoveryError
 from recovery.format.layout import SIGNATURE_FILE, parse_step
 from recovery.format.manifest import Manifest
-from recovery.integrity import reader
-from recovery.integrity.signing import TrustStore
+
+
+class Read(Protocol):
+    """What a verifier hands back: at least the verified manifest."""
+
+    @property
+    def manifest(self) -> Manifest: ...
+
+
+V = TypeVar("V", bound=Read)
 
 BASE = "base"
 """The statement's (``recovery`` predicate) field naming a delta's base."""
@@ -77,10 +86,10 @@ def base_path(delta: Path, base: Base) -> Path:
     return delta.absolute().parent / base.name
 
 
-def read_base(
-    delta: Path, mf: Manifest, trust: TrustStore, *, allow_untrusted: bool = False
-) -> reader.Verified | None:
-    """The verified base of the delta at ``delta`` (``None`` when ``mf`` is a full checkpoint).
+def read_base(delta: Path, mf: Manifest, verify: Callable[[Path], V]) -> V | None:
+    """The verified base of the delta at ``delta`` (``None`` when ``mf`` is a full checkpoint),
+    as ``verify`` verifies a directory (:func:`recovery.integrity.reader.read_verified`, or
+    :func:`recovery.integrity.hashonly.check`, with the trust settings of the delta's).
 
     Raises:
         BrokenChainError: the base is missing, fails verification (its error quoted), is
@@ -100,7 +109,7 @@ def read_base(
             path=where,
         )
     try:
-        verified = reader.read_verified(where, trust, allow_untrusted=allow_untrusted)
+        verified = verify(where)
     except RecoveryError as err:
         raise BrokenChainError(
             f"{what}, which fails verification ({err}); resume from another checkpoint",

@@ -46,35 +46,18 @@ from recovery.format.layout import (
     committed_name,
     scan,
     temp_dir_for,
-    trash_dir_for,
 )
 from recovery.format.manifest import FileRecord, Manifest
 from recovery.integrity import full, lock, nofollow
-from recovery.integrity.reaping import Reaper
+from recovery.integrity.reaping import discard as discard
+from recovery.integrity.reaping import fsync_dir as fsync_dir
+from recovery.integrity.reaping import fsync_file as fsync_file
 from recovery.integrity.signing import Signer
 from recovery.progress import bytes_bar
 
 log = logging.getLogger(__name__)
 
 CHUNK = tensorfile.CHUNK
-
-
-def fsync_dir(path: Path) -> None:
-    """Make a directory's entries (creations, renames) durable."""
-    _fsync(path, os.O_RDONLY | os.O_DIRECTORY)
-
-
-def fsync_file(path: Path) -> None:
-    """Make a file's content durable (a copy made by another means than :func:`write_file`)."""
-    _fsync(path, os.O_RDONLY)
-
-
-def _fsync(path: Path, flags: int) -> None:
-    fd = os.open(path, flags)
-    try:
-        os.fsync(fd)
-    finally:
-        os.close(fd)
 
 
 def write_file(
@@ -285,22 +268,3 @@ def remove_stale(run_dir: Path) -> list[Path]:
         shutil.rmtree(path, ignore_errors=True)
         removed.append(path)
     return removed
-
-
-def discard(path: Path, *, fault_point: str | None = None, reaper: Reaper | None = None) -> None:
-    """Delete a committed directory: rename it to a trash name (atomic: from then on no
-    reader takes it for a checkpoint), then remove the files, here or on ``reaper``'s
-    thread; a kill in between leaves only the trash directory, which
-    :func:`remove_stale` finishes."""
-    nofollow.refuse_link(path, "a committed checkpoint to delete")
-    if not path.exists():
-        return
-    trash = trash_dir_for(path)
-    os.rename(path, trash)
-    fsync_dir(path.parent)
-    if fault_point:
-        faults.reach(fault_point)
-    if reaper is not None:
-        reaper.reap(trash)
-    else:
-        shutil.rmtree(trash, ignore_errors=True)

@@ -8,11 +8,8 @@ against the manifest (sha256, or the blake3 the manifest names), and returns
 those bytes. Decoders then parse the same bytes, so there is no window between
 "checked" and "used" in which the file could change.
 
-Checks, each with its own error, in this order: ``model.sig`` present; its
-signature valid and its signer trusted (before anything else is read); the
-statement well formed; every listed name a plain relative path; no symlinks
-anywhere in the directory; no
-listed file missing; no unlisted file present; each file's size, then digest;
+Checks, each with its own error, in this order: the signature, trust and listing
+checks of :func:`recovery.integrity.listed.check`; each file's digest;
 then every listed file claimed by ``state.json`` (:mod:`recovery.format.claims`:
 a file a key holder signed in that nothing gives a meaning is refused like an
 unlisted one). JSON of ``state.json`` and shard indexes is all that is parsed.
@@ -20,38 +17,19 @@ unlisted one). JSON of ``state.json`` and shard indexes is all that is parsed.
 
 from __future__ import annotations
 
-import os
-import stat
 import threading
-from collections.abc import Callable, Iterator
+from collections.abc import Callable
 from concurrent.futures import ThreadPoolExecutor
-from contextlib import contextmanager
 from dataclasses import dataclass
-from pathlib import Path, PurePosixPath
+from pathlib import Path
 
 import torch
 
-from recovery.errors import (
-    CheckpointNotFoundError,
-    DigestMismatchError,
-    ExtraFileError,
-    ManifestError,
-    MissingFileError,
-    RecoveryError,
-    SignatureError,
-    TruncatedFileError,
-    UnreadableFileError,
-    UnsafePathError,
-)
-from recovery.format import claims, digests, manifest, tensorfile
-from recovery.format.layout import (
-    SIGNATURE_FILE,
-    TENSOR_SUFFIX,
-    is_uncommitted,
-    parse_step,
-)
+from recovery.format import claims, digests, tensorfile
+from recovery.format.layout import TENSOR_SUFFIX
 from recovery.format.manifest import FileRecord, Manifest
-from recovery.integrity import notcheckpoint, signing
+from recovery.integrity import listed
+from recovery.integrity.listed import read_manifest as read_manifest
 from recovery.integrity.signing import TrustStore
 from recovery.progress import bytes_bar
 
@@ -73,7 +51,7 @@ class Deferred:
             DigestMismatchError, UnreadableFileError.
         """
         file = self.directory / self.record.name
-        with _readable(file):
+        with listed.readable(file):
             return _read_one(self.directory, self.record, self.size, self.algorithm, _ignore)
 
 
@@ -95,110 +73,6 @@ class Verified:
     path: Path
     manifest: Manifest
     files: dict[str, bytes | torch.Tensor | Deferred]
-
-
-def _read_nofollow(path: Path) -> bytes:
-    fd = os.open(path, os.O_RDONLY | os.O_NOFOLLOW)
-    try:
-        with os.fdopen(fd, "rb", closefd=False) as fh:
-            return fh.read()
-    finally:
-        os.close(fd)
-
-
-def _walk(root: Path) -> tuple[set[str], list[str], set[str]]:
-    """Regular files under ``root`` as posix relpaths, every symlink found, every directory."""
-    files: set[str] = set()
-    links: list[str] = []
-    dirs: set[str] = set()
-    stack = [root]
-    while stack:
-        current = stack.pop()
-        for entry in os.scandir(current):
-            rel = Path(entry.path).relative_to(root).as_posix()
-            if entry.is_symlink():
-                links.append(rel)
-            elif entry.is_dir(follow_symlinks=False):
-                dirs.add(rel)
-                stack.append(Path(entry.path))
-            else:
-                files.add(rel)
-    return files, links, dirs
-
-
-@contextmanager
-def _readable(path: Path) -> Iterator[None]:
-    """Turn an operating-system refusal to read (other than a missing file, which the
-    checks name) into :class:`~recovery.errors.UnreadableFileError`: a checkpoint that
-    cannot be read is as unusable as a damaged one, and ``latest`` falls back past it."""
-    try:
-        yield
-    except RecoveryError:
-        raise
-    except OSError as err:
-        where = err.filename or path
-        raise UnreadableFileError(
-            f"{where}: cannot be read ({err.strerror or err}); fix its permissions or the "
-            "storage, or resume from another checkpoint",
-            path=Path(where),
-        ) from err
-
-
-def read_manifest(path: Path, trust: TrustStore, *, allow_untrusted: bool = False) -> Manifest:
-    """Verify the signature of the directory ``path`` and parse its statement.
-
-    No other file is read.
-
-    Raises:
-        CheckpointNotFoundError: ``path`` is no checkpoint: nothing there, a file, or a run
-            directory (the message says which, and what to pass instead).
-        ManifestError: no ``model.sig`` (an uncommitted directory) or a malformed statement.
-        SignatureError, UntrustedSignerError: see :func:`recovery.integrity.signing.verify_bundle`.
-        UnreadableFileError: ``model.sig`` or the directory cannot be read.
-    """
-    with _readable(Path(path)):
-        return _read_manifest(path, trust, allow_untrusted=allow_untrusted)
-
-
-def _read_manifest(path: Path, trust: TrustStore, *, allow_untrusted: bool) -> Manifest:
-    if path.is_symlink():
-        raise UnsafePathError(f"{path}: is a symlink; expected a checkpoint directory", path=path)
-    if not path.is_dir():
-        raise CheckpointNotFoundError(notcheckpoint.not_a_directory(path), path=path)
-    file = path / SIGNATURE_FILE
-    if is_uncommitted(path.name):
-        raise ManifestError(
-            f"{path}: is the temp directory of a checkpoint write that never committed; "
-            "it is never used. A starting run removes it.",
-            path=path,
-        )
-    try:
-        st = os.lstat(file)
-    except FileNotFoundError:
-        raise notcheckpoint.unsigned(path) from None
-    if not stat.S_ISREG(st.st_mode):
-        raise UnsafePathError(
-            f"{file}: expected a regular file, found a symlink or special file", path=file
-        )
-    if st.st_size > signing.MAX_BUNDLE_BYTES:  # refused unread: no input sizes our memory
-        raise SignatureError(
-            f"{file}: {st.st_size} bytes, expected a signature bundle of at most "
-            f"{signing.MAX_BUNDLE_BYTES}; the directory cannot be trusted. Resume from another "
-            "checkpoint.",
-            path=file,
-        )
-    check = signing.verify_bundle(
-        _read_nofollow(file), trust, where=file, allow_untrusted=allow_untrusted
-    )
-    mf = manifest.parse(check.payload, where=path, signer=check)
-    named = parse_step(path.name)
-    if named is not None and named != mf.step:
-        raise ManifestError(
-            f"{path}: directory name says step {named}, its manifest says step {mf.step}; "
-            "the directory was renamed or swapped. Resume from another checkpoint.",
-            path=file,
-        )
-    return mf
 
 
 def read_verified(
@@ -226,7 +100,7 @@ def read_verified(
         file ``state.json`` does not claim). FormatError: a malformed shard index.
     """
     path = Path(path)
-    with _readable(path):
+    with listed.readable(path):
         return _read_verified(path, trust, allow_untrusted=allow_untrusted, defer=defer)
 
 
@@ -237,33 +111,7 @@ def _read_verified(
     allow_untrusted: bool,
     defer: Callable[[str], bool] | None,
 ) -> Verified:
-    mf = read_manifest(path, trust, allow_untrusted=allow_untrusted)
-    present, links, dirs = _walk(path)
-    if links:
-        raise UnsafePathError(
-            f"{path}: contains symlink(s) {sorted(links)}; a checkpoint holds regular files only. "
-            "Copy the checkpoint without following links, or resume from another one.",
-            path=path / sorted(links)[0],
-        )
-    listed = {rec.name for rec in mf.files}
-    missing = sorted(listed - present)
-    if missing:
-        raise MissingFileError(
-            f"{path}: manifest lists {missing}, not found on disk; the checkpoint is incomplete. "
-            "Resume from another checkpoint (or fetch it again from its remote).",
-            path=path / missing[0],
-        )
-    # a directory no listed file lives in is as unlisted as a file (an empty one included)
-    holding = {parent.as_posix() for name in listed for parent in PurePosixPath(name).parents}
-    extra = sorted((present - listed - {SIGNATURE_FILE}) | {f"{d}/" for d in dirs - holding})
-    if extra:
-        raise ExtraFileError(
-            f"{path}: holds {extra}, which the manifest does not list; something was added "
-            "after the commit. Remove the extra files if you know them, or resume from "
-            "another checkpoint.",
-            path=path / extra[0],
-        )
-    sizes = {rec.name: _size(path, rec) for rec in mf.files}
+    mf, sizes = listed.check(path, trust, allow_untrusted=allow_untrusted)
     later = {rec.name for rec in mf.files if defer is not None and defer(rec.name)}
     lock = threading.Lock()
     with bytes_bar(sum(sizes.values()), f"verifying {path.name}") as bar:
@@ -306,23 +154,6 @@ def _check_claimed(path: Path, blobs: dict[str, bytes | torch.Tensor | Deferred]
     claims.check(path, blobs, read)
 
 
-def _size(path: Path, rec: FileRecord) -> int:
-    """A listed file's size on disk, which must be the recorded one.
-
-    Raises:
-        TruncatedFileError.
-    """
-    file = path / rec.name
-    found = os.lstat(file).st_size
-    if rec.size >= 0 and found != rec.size:
-        raise TruncatedFileError(
-            f"{file}: expected {rec.size} bytes, found {found}; the file was "
-            "truncated or rewritten. Resume from another checkpoint.",
-            path=file,
-        )
-    return found
-
-
 def _read_one(
     path: Path, rec: FileRecord, size: int, algorithm: str, progress: Callable[[int], None]
 ) -> bytes | torch.Tensor:
@@ -338,13 +169,9 @@ def _read_one(
             file, size=size, algorithm=algorithm, progress=progress
         )
     else:
-        data = _read_nofollow(file)
+        data = listed.read_nofollow(file)
         digest = digests.of(data, algorithm)
         progress(len(data))
     if digest != rec.digest:
-        raise DigestMismatchError(
-            f"{file}: expected {algorithm} {rec.digest}, found {digest}; "
-            "the bytes changed after the commit. Resume from another checkpoint.",
-            path=file,
-        )
+        raise listed.mismatch(file, algorithm, rec.digest, digest)
     return data

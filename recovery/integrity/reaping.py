@@ -14,10 +14,15 @@ the next start removes (:func:`recovery.integrity.commit.remove_stale`).
 from __future__ import annotations
 
 import logging
+import os
 import queue
 import shutil
 import threading
 from pathlib import Path
+
+from recovery import faults
+from recovery.format.layout import trash_dir_for
+from recovery.integrity import nofollow
 
 log = logging.getLogger(__name__)
 
@@ -54,3 +59,41 @@ class Reaper:
         if thread is not None:
             self._todo.put(None)
             thread.join()
+
+
+def fsync_dir(path: Path) -> None:
+    """Make a directory's entries (creations, renames) durable."""
+    _fsync(path, os.O_RDONLY | os.O_DIRECTORY)
+
+
+def fsync_file(path: Path) -> None:
+    """Make a file's content durable (a copy made by another means than
+    :func:`recovery.integrity.commit.write_file`)."""
+    _fsync(path, os.O_RDONLY)
+
+
+def _fsync(path: Path, flags: int) -> None:
+    fd = os.open(path, flags)
+    try:
+        os.fsync(fd)
+    finally:
+        os.close(fd)
+
+
+def discard(path: Path, *, fault_point: str | None = None, reaper: Reaper | None = None) -> None:
+    """Delete a committed directory: rename it to a trash name (atomic: from then on no
+    reader takes it for a checkpoint), then remove the files, here or on ``reaper``'s
+    thread; a kill in between leaves only the trash directory, which
+    :func:`recovery.integrity.commit.remove_stale` finishes."""
+    nofollow.refuse_link(path, "a committed checkpoint to delete")
+    if not path.exists():
+        return
+    trash = trash_dir_for(path)
+    os.rename(path, trash)
+    fsync_dir(path.parent)
+    if fault_point:
+        faults.reach(fault_point)
+    if reaper is not None:
+        reaper.reap(trash)
+    else:
+        shutil.rmtree(trash, ignore_errors=True)

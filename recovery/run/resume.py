@@ -7,9 +7,13 @@ each one it passes over; with none at all it returns ``None`` and the run
 starts fresh, so the same command line is safe to requeue. A named step or
 path must verify, or the resume fails: the user asked for that one.
 
-:func:`load` is the one verifying loader every reader goes through: signature
-and trust, then every file's size and digest, then decoding of the verified
-bytes, then the artifact's own purpose contract.
+:func:`load` is the one verifying loader every reader of tensors goes through:
+signature and trust, then every file's size and digest, then decoding of the
+verified bytes, then the artifact's own purpose contract.
+:func:`recovery.run.checked.check` verifies the same, decoding no tensor (the
+structure from ``state.json`` and the tensor files' headers): what ``recovery ls``
+and ``recovery verify`` show, without torch.
+This module imports torch only when :func:`load` runs.
 """
 
 from __future__ import annotations
@@ -22,9 +26,7 @@ import re
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any
-
-import torch
+from typing import TYPE_CHECKING, Any
 
 from recovery.errors import (
     CheckpointNotFoundError,
@@ -38,14 +40,18 @@ from recovery.errors import (
 )
 from recovery.format.layout import BEST_DIR, scan, step_dir_name
 from recovery.format.manifest import Manifest
-from recovery.integrity import chain, reader
+from recovery.integrity import chain
 from recovery.integrity.signing import TrustStore
 from recovery.provenance import purpose
-from recovery.run import history
+from recovery.run import checked, history
 from recovery.run.history import History
-from recovery.state import snapshot
-from recovery.state.snapshot import Decoded
 from recovery.storage import tracking
+
+if TYPE_CHECKING:  # the decoding reader and decoder import torch: load() imports them
+    import torch
+
+    from recovery.integrity import reader
+    from recovery.state.snapshot import Decoded
 
 log = logging.getLogger(__name__)
 
@@ -72,30 +78,14 @@ class Loaded:
 
     @property
     def delta(self) -> dict[str, Any] | None:
-        """What a delta is (``None``: a full checkpoint): its base's name, step and
-        digest, its place after the base, its own and its base's bytes, and per patched
-        table (``component/key``) its changed and total rows."""
-        if self.base is None:
-            return None
-        record = self.decoded.meta.get(snapshot.DIFFERENTIAL) or {}
-        tables = {
-            f"{name}/{key}": [int(t["changed"]), int(t["rows"])]
-            for name, patched in (record.get("tables") or {}).items()
-            for key, t in patched.items()
-        }
-        return {
-            "base": self.base.path.name,
-            "base_step": self.base.manifest.step,
-            "base_sha256": self.base.manifest.root,
-            "sequence": record.get("sequence"),
-            "bytes": sum(r.size for r in self.manifest.files),
-            "base_bytes": sum(r.size for r in self.base.manifest.files),
-            "tables": tables,
-        }
+        """What a delta is (:func:`.checked.delta_of`; ``None``: a full checkpoint)."""
+        return checked.delta_of(self.decoded.meta, self.manifest, self.base)
 
     @property
     def verified(self) -> reader.Verified:
         """Its own verified files (a delta's, without the base's)."""
+        from recovery.integrity import reader  # torch, as load() that made this
+
         return reader.Verified(self.path, self.manifest, self.files)
 
 
@@ -162,24 +152,18 @@ def load(
         VerificationError (and subclasses; BrokenChainError: a delta's base is missing,
         damaged or replaced), FormatError, PurposeError.
     """
+    from recovery.integrity import reader  # torch: only a caller that decodes pays it
+    from recovery.state import snapshot
+
     verified = reader.read_verified(path, trust, allow_untrusted=allow_untrusted, defer=defer)
-    named = chain.base_of(verified.manifest, path)
-    if named is not None:
-        where = chain.base_path(path, named)
-        if not where.is_dir() and tracking.dvc_file(where).exists():
-            log.info("%s: its base %s is not on disk; fetching it from DVC", path, where.name)
-            tracking.materialize(where)
-    base = chain.read_base(path, verified.manifest, trust, allow_untrusted=allow_untrusted)
-    decoded = snapshot.decode(verified, base)
-    rec = verified.manifest.recovery
-    have = snapshot.present(decoded.tree, decoded.meta, verified.files, rec)
-    purpose.check_contract(
-        verified.manifest.purpose,
-        rec.get("requires", []),
-        have,
-        where=str(path),
-        absent=rec.get("absent"),
+    checked.fetch_base(path, verified.manifest)
+    base = chain.read_base(
+        path,
+        verified.manifest,
+        lambda p: reader.read_verified(p, trust, allow_untrusted=allow_untrusted),
     )
+    decoded = snapshot.decode(verified, base)
+    have = checked.contract(path, verified.manifest, decoded.tree, decoded.meta, verified.files)
     return Loaded(path, verified.manifest, decoded, have, files=verified.files, base=base)
 
 

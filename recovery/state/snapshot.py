@@ -16,21 +16,17 @@ from typing import Any
 import torch
 
 from recovery.errors import FormatError
-from recovery.format import codec, delta, shards, tensorfile
+from recovery.format import codec, delta, shards, statedoc, tensorfile, tensorrefs
 from recovery.format.layout import (
     CONFIG_FILE,
-    DISTRIBUTED,
-    IO_SIGNATURE_FILE,
-    PROGRAM_FILE,
     STATE_FILE,
     tensor_file,
 )
 from recovery.integrity.reader import Deferred, Verified
 
-STATE_FORMAT = 1
-DIFFERENTIAL = "differential"
-"""``state.json`` key of a delta: per component, the tables stored as changed rows
-(:func:`recovery.format.delta.diff`), patched onto its base's on decode."""
+STATE_FORMAT = statedoc.STATE_FORMAT
+DIFFERENTIAL = statedoc.DIFFERENTIAL
+MODEL_CONFIG = statedoc.MODEL_CONFIG
 
 
 @dataclass(frozen=True)
@@ -99,18 +95,9 @@ def decode(verified: Verified, base: Verified | None = None) -> Decoded:
         FormatError: naming the file that does not decode, or a delta given no base.
     """
     where = verified.path
-    if STATE_FILE not in verified.files:
-        raise FormatError(
-            f"{where}: has no {STATE_FILE}; it is not a training checkpoint", path=where
-        )
-    doc = codec.loads_json(_bytes(verified, STATE_FILE), name=str(where / STATE_FILE))
-    if not isinstance(doc, dict) or doc.get("format") != STATE_FORMAT:
-        raise FormatError(
-            f"{where / STATE_FILE}: expected state format {STATE_FORMAT}, "
-            f"found {doc.get('format') if isinstance(doc, dict) else type(doc).__name__}",
-            path=where / STATE_FILE,
-        )
-    patched = _patched(doc, where=where / STATE_FILE)
+    raw = _bytes(verified, STATE_FILE) if STATE_FILE in verified.files else None
+    doc = statedoc.parse(raw, where)
+    patched = statedoc.patched(doc, where=where / STATE_FILE)
     if DIFFERENTIAL in doc and base is None:
         raise FormatError(
             f"{where / STATE_FILE}: is a delta; it decodes only with its base checkpoint",
@@ -126,42 +113,7 @@ def decode(verified: Verified, base: Verified | None = None) -> Decoded:
             tree[name] = codec.join(skeleton, flat)
         except FormatError as err:
             raise FormatError(f"{where / fname}: {err}", path=where / fname) from err
-    meta = {k: v for k, v in doc.items() if k not in ("format", "step", "components")}
-    return Decoded(tree=tree, step=int(doc["step"]), meta=meta)
-
-
-def _patched(doc: dict[str, Any], *, where: Any) -> dict[str, Any]:
-    """A delta's patched tables by component (``{}`` for a full checkpoint), its record
-    checked whole: ``sequence`` an int >= 1, ``tables`` ``{component: {key: {"changed":
-    int, "rows": int}}}``.
-
-    Raises:
-        FormatError: naming ``state.json``, the record is malformed.
-    """
-    if DIFFERENTIAL not in doc:
-        return {}
-    record = doc[DIFFERENTIAL]
-    tables = record.get("tables") if isinstance(record, dict) else None
-    sequence = record.get("sequence") if isinstance(record, dict) else None
-
-    def counts(entry: Any) -> bool:
-        return isinstance(entry, dict) and all(
-            type(entry.get(k)) is int and entry[k] >= 0 for k in ("changed", "rows")
-        )
-
-    ok = (
-        type(sequence) is int
-        and sequence >= 1
-        and isinstance(tables, dict)
-        and all(isinstance(t, dict) and all(counts(e) for e in t.values()) for t in tables.values())
-    )
-    if not ok or not isinstance(tables, dict):
-        raise FormatError(
-            f"{where}: malformed {DIFFERENTIAL} record (expected sequence >= 1 and tables "
-            "{component: {key: {changed, rows}}}); resume from another checkpoint",
-            path=where,
-        )
-    return tables
+    return Decoded(tree=tree, step=int(doc["step"]), meta=statedoc.meta(doc))
 
 
 def _bytes(verified: Verified, name: str) -> bytes:
@@ -194,48 +146,15 @@ def tensors(verified: Verified, component: str) -> dict[str, torch.Tensor]:
     for shard, keys in shards.shard_names(component, raw, where=iname).items():
         data = verified.files.get(shard)
         if not isinstance(data, torch.Tensor):
-            raise FormatError(
-                f"{iname}: names shard {shard}, which the checkpoint does not hold; "
-                "resume from another checkpoint",
-                path=where / shard,
-            )
+            raise tensorrefs.missing_shard(iname, shard, where)
         got = tensorfile.views(data, name=str(where / shard))
-        if sorted(got) != sorted(keys):
-            raise FormatError(
-                f"{where / shard}: holds {len(got)} tensors, its index lists {len(keys)} "
-                f"(first difference: {sorted(set(got) ^ set(keys))[0]!r}); the shards and "
-                "their index disagree",
-                path=where / shard,
-            )
+        tensorrefs.check_shard(where / shard, got, keys)
         out.update(got)
     return dict(sorted(out.items()))
-
-
-MODEL_CONFIG = "model_config"
 
 
 def present(
     tree: dict[str, Any], meta: dict[str, Any], files: Any, statement: dict[str, Any]
 ) -> list[str]:
-    """The purpose-contract components an artifact holds.
-
-    State components (``model``, ``optimizer``, ...) plus ``config`` (a
-    ``config.yaml``), ``model_config`` (in ``state.json``), ``provenance`` and
-    ``lineage`` (in the signed statement).
-    """
-    names = set(tree)
-    spread = meta.get(DISTRIBUTED)
-    if isinstance(spread, dict):  # a distributed checkpoint's DCP and per-rank parts
-        names.update(spread.get("sharded", []), spread.get("per_rank", []))
-    if CONFIG_FILE in files:
-        names.add("config")
-    if IO_SIGNATURE_FILE in files:
-        names.add("io_signature")
-    if PROGRAM_FILE in files:
-        names.add("program")
-    if meta.get(MODEL_CONFIG) is not None:
-        names.add(MODEL_CONFIG)
-    for key in ("provenance", "lineage"):
-        if statement.get(key):
-            names.add(key)
-    return sorted(names)
+    """The purpose-contract components an artifact holds (:func:`.statedoc.present`)."""
+    return statedoc.present(tree, meta, files, statement)

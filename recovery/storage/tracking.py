@@ -40,7 +40,7 @@ from recovery import faults
 from recovery.errors import ConfigError, TrackingError
 from recovery.format import bounded
 from recovery.format.layout import parse_step
-from recovery.integrity import commit, nofollow
+from recovery.integrity import nofollow, reaping
 
 log = logging.getLogger(__name__)
 
@@ -309,7 +309,7 @@ class Publisher:
             kind, ckpt = job
             try:
                 if kind == "retire":
-                    commit.discard(ckpt, fault_point=f"retire-{parse_step(ckpt.name)}")
+                    reaping.discard(ckpt, fault_point=f"retire-{parse_step(ckpt.name)}")
                     untrack(ckpt)
                 else:
                     self._publish(ckpt)
