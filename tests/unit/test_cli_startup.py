@@ -1,5 +1,5 @@
-"""``recovery --help`` and ``--version`` answer without importing torch (the speed itself is
-``benchmarks/bench_cli_startup.py``'s, never a timed test)."""
+"""``recovery --help``, ``--version``, ``ls RUN`` and ``verify CKPT`` answer without importing
+torch (the speed itself is ``benchmarks/bench_cli_startup.py``'s, never a timed test)."""
 
 from __future__ import annotations
 
@@ -10,6 +10,8 @@ from pathlib import Path
 import pytest
 
 from recovery.cli import helptext
+from recovery.format.layout import step_dir_name
+from tests.conftest import commit_state, tiny_state
 
 RECOVERY = str(Path(sys.executable).with_name("recovery"))
 
@@ -45,3 +47,13 @@ def test_help_and_version_import_neither_torch_nor_any_command_but_their_own(tmp
     assert {m for m in modules if m.startswith("recovery.cli.")} <= own | {
         f"recovery.cli.{m}" for m in shared
     }
+
+
+def test_ls_and_verify_of_a_real_run_verify_every_file_without_importing_torch(tmp_path, signer):
+    run_dir = tmp_path / "checkpoints" / "run"
+    commit_state(run_dir, tiny_state(), 4, signer)
+    trusted = ["--trusted", str(signer.path.parent)]
+    for argv in (["ls", str(run_dir)], ["verify", str(run_dir / step_dir_name(4))]):
+        modules = imported([*argv, *trusted], tmp_path)
+        assert "recovery.integrity.hashonly" in modules  # it verified every file's digest
+        assert "torch" not in modules and "numpy" not in modules, argv

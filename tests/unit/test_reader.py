@@ -29,6 +29,7 @@ from recovery.errors import (
 )
 from recovery.format.layout import SIGNATURE_FILE
 from recovery.integrity import reader
+from recovery.run import checked
 from recovery.run.checkpointer import Checkpointer
 from recovery.state import rng, snapshot
 from tests.conftest import make_signer, resign, tiny_state
@@ -52,8 +53,14 @@ def fingerprint(state):
     )
 
 
-def assert_refused(path, trust, signer, error, match=None, *, width=4):
-    """Resume from ``path`` must raise ``error`` and leave a fresh state untouched."""
+def assert_refused(path, trust, signer, error, match=None, *, width=4, use=False):
+    """Resume from ``path`` must raise ``error`` and leave a fresh state untouched; the
+    verification of ``recovery ls`` and ``verify``, which decodes no tensor, must refuse it
+    the same way (unless ``use``: a refusal only resuming makes, of the purpose, the model's
+    shapes, a temp directory that a starting run removes)."""
+    if not use:
+        with pytest.raises(error, match=match):
+            checked.check(path, trust)
     state = tiny_state(seed=1, width=width)
     before = fingerprint(state)
     ck = Checkpointer(
@@ -216,7 +223,12 @@ def test_wrong_purpose_for_the_use(checkpoint, trust, signer):
         lambda st: st["predicate"]["recovery"].update(purpose="warm_start", requires=[]),
     )
     assert_refused(
-        path, trust, signer, PurposeError, "is a 'warm_start' artifact; resume needs continuation"
+        path,
+        trust,
+        signer,
+        PurposeError,
+        "is a 'warm_start' artifact; resume needs continuation",
+        use=True,
     )
 
 
@@ -233,7 +245,7 @@ def test_purpose_contract_not_met(checkpoint, trust, signer):
 def test_model_shape_mismatch(checkpoint, trust, signer):
     path, _ = checkpoint
     assert_refused(
-        path, trust, signer, IncompatibleStateError, r"checkpoint shape \(4, 3\)", width=6
+        path, trust, signer, IncompatibleStateError, r"checkpoint shape \(4, 3\)", width=6, use=True
     )
 
 
@@ -251,4 +263,4 @@ def test_temp_directory_is_never_trusted(checkpoint, trust, signer):
     with pytest.raises(ManifestError, match="never committed"):
         reader.read_verified(moved, trust)
     # and a starting run removes it rather than resuming from it
-    assert_refused(moved, trust, signer, CheckpointNotFoundError)
+    assert_refused(moved, trust, signer, CheckpointNotFoundError, use=True)
