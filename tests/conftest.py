@@ -3,7 +3,11 @@
 from __future__ import annotations
 
 import base64
+import fcntl
 import json
+import os
+import shutil
+from collections.abc import Callable
 from pathlib import Path
 
 import pytest
@@ -39,8 +43,37 @@ def make_signer(directory: Path) -> Signer:
 
 
 @pytest.fixture(scope="session")
-def signer(tmp_path_factory) -> Signer:
-    return make_signer(tmp_path_factory.mktemp("keys"))
+def shared_dir(tmp_path_factory) -> Path:
+    """A directory every pytest-xdist worker of this session shares (the session's own
+    base directory without xdist): what one worker makes there, the others reuse."""
+    base = tmp_path_factory.getbasetemp()
+    if os.environ.get("PYTEST_XDIST_WORKER"):
+        base = base.parent  # .../pytest-N/popen-gwK -> .../pytest-N, this session's
+    path = base / "shared"
+    path.mkdir(exist_ok=True)
+    return path
+
+
+def once(directory: Path, make: Callable[[Path], object]) -> Path:
+    """``make(directory)`` run by one worker of the session; the others wait for it to
+    finish and reuse the directory. A failed ``make`` leaves nothing: the next caller
+    tries again (and fails the same way, in its own test)."""
+    done = directory.with_name(directory.name + ".done")
+    with open(directory.with_name(directory.name + ".lock"), "w") as lock:
+        fcntl.flock(lock, fcntl.LOCK_EX)  # released when the file closes
+        if not done.exists():
+            shutil.rmtree(directory, ignore_errors=True)
+            directory.mkdir(parents=True)
+            make(directory)
+            done.touch()
+    return directory
+
+
+@pytest.fixture(scope="session")
+def signer(shared_dir) -> Signer:
+    """The test key, one for the whole session (the workers' shared references are signed
+    with it)."""
+    return Signer(once(shared_dir / "keys", generate_keypair) / "recovery.key")
 
 
 @pytest.fixture(scope="session")

@@ -22,6 +22,7 @@ from recovery.run import resume
 from recovery.run.journal import effective_steps
 from recovery.tools.drill import flat_tensors
 from tests import launcher
+from tests.conftest import once
 
 ROOT = Path(__file__).resolve().parents[2]
 TRAIN = ROOT / "train.py"
@@ -41,6 +42,11 @@ SMALL = [
     "checkpoint.keep_last=3",
     "run.name=r",
 ]
+SMALL_DATA = {
+    k.split(".")[-1]: int(v)
+    for k, v in (o.split("=") for o in SMALL)
+    if k.startswith("recipe.data.")
+}
 
 
 def torchrun(nproc: int | None) -> list[str]:
@@ -67,8 +73,15 @@ class Result:
 
 
 @pytest.fixture(scope="session")
-def data_root(tmp_path_factory):
-    return tmp_path_factory.mktemp("data") / "interactions"
+def data_root(shared_dir):
+    """SMALL's interaction log, generated once for the session (every worker reads it;
+    none regenerates it, which would replace it under another worker's run)."""
+    from recipes.data import DataConfig, generate
+
+    def make(where: Path) -> None:
+        generate(DataConfig(root=str(where / "interactions"), **SMALL_DATA))
+
+    return once(shared_dir / "data", make) / "interactions"
 
 
 @pytest.fixture
@@ -169,21 +182,36 @@ def trainer(data_root, signer):
     return run
 
 
-@pytest.fixture(scope="session")
-def reference(tmp_path_factory, data_root, signer):
-    """Run A: the uninterrupted run to STEPS."""
-    root = tmp_path_factory.mktemp("reference")
+def uninterrupted(root: Path, data_root: Path, signer, *extra: str, nproc: int | None = None):
+    """train.py on SMALL (with ``extra``; ``nproc``: under torchrun) in ``root``, to STEPS."""
     cmd = [
         sys.executable,
+        *torchrun(nproc),
         str(TRAIN),
         f"checkpoint.root={root}",
         f"recipe.data.root={data_root}",
         *SMALL,
+        *extra,
     ]
     env = {**os.environ, KEY_ENV: str(signer.path)}
     done = launcher.run(cmd, cwd=root, capture_output=True, text=True, timeout=300, env=env)
     assert done.returncode == 0, done.stdout + done.stderr
-    return root / "r"
+
+
+@pytest.fixture(scope="session")
+def reference(shared_dir, data_root, signer):
+    """Run A: the uninterrupted run to STEPS (run once for the session, every worker
+    reads it; a test that changes it copies it first)."""
+    return once(shared_dir / "reference", lambda root: uninterrupted(root, data_root, signer)) / "r"
+
+
+def console(cmd: tuple[str, ...] | list[str]) -> list[str]:
+    """``cmd`` with ``dvc`` or ``recovery`` named by the venv's console script, so that the
+    launcher can fork it (the script a search of PATH finds first where the venv's bin
+    leads PATH, as the DVC tests set it)."""
+    head, *rest = cmd
+    bin_dir = Path(sys.executable).parent
+    return [str(bin_dir / head), *rest] if head in ("dvc", "recovery") else [head, *rest]
 
 
 def recovery_export(overrides: list[str], signer) -> subprocess.CompletedProcess[str]:
@@ -261,30 +289,22 @@ def run_killed_at(
 
 
 @pytest.fixture(scope="session")
-def job(tmp_path_factory, data_root, signer):
+def job(shared_dir, data_root, signer, request):
     """``job(strategy, nproc)``: the uninterrupted torchrun run to STEPS (run once per key
-    and session: the reference of the distributed, async and elastic tests);
-    ``job(None, 1, seed=S)``: an uninterrupted single-process run with seed S."""
-    done: dict[tuple[str | None, int, int], object] = {}
+    for the whole session, every worker reading it: the reference of the distributed,
+    async and elastic tests); ``job(None, 1, seed=S)``: an uninterrupted single-process
+    run with seed S (seed 0: the reference run itself). A test that changes one copies it."""
 
     def run(strategy, nproc, *, seed=0):
-        key = (strategy, nproc, seed)
-        if key not in done:
-            root = tmp_path_factory.mktemp(f"job-{strategy}-{nproc}-{seed}")
-            cmd = [
-                sys.executable,
-                *torchrun(nproc if strategy else None),
-                str(TRAIN),
-                f"checkpoint.root={root}",
-                f"recipe.data.root={data_root}",
-                *SMALL,
-                f"seed={seed}",
-                *([f"dist.strategy={strategy}"] if strategy else []),
-            ]
-            env = {**os.environ, KEY_ENV: str(signer.path)}
-            out = launcher.run(cmd, cwd=root, capture_output=True, text=True, timeout=300, env=env)
-            assert out.returncode == 0, out.stdout + out.stderr
-            done[key] = root / "r"
-        return done[key]
+        if strategy is None and seed == 0:
+            return request.getfixturevalue("reference")  # SMALL, seed 0 by default
+
+        def make(root: Path) -> None:
+            dist = [f"dist.strategy={strategy}"] if strategy else []
+            uninterrupted(
+                root, data_root, signer, f"seed={seed}", *dist, nproc=nproc if strategy else None
+            )
+
+        return once(shared_dir / f"job-{strategy}-{nproc}-{seed}", make) / "r"
 
     return run

@@ -3,12 +3,14 @@
 from __future__ import annotations
 
 import json
+import shutil
 
 import pytest
 
 from recovery import cli
 from recovery.format.layout import scan, step_dir_name
 from recovery.run.journal import read
+from tests.conftest import once
 from tests.integration.conftest import assert_same_run, final_state
 
 pytestmark = pytest.mark.integration
@@ -109,12 +111,15 @@ def _truncate(path):
     ids=["flipped-byte", "truncated", "deleted"],
 )
 def test_corrupt_newest_checkpoint_is_refused_and_resume_falls_back(
-    tmp_path, trainer, reference, trust, signer, capsys, damage, file, code, words
+    tmp_path, trainer, reference, trust, signer, capsys, shared_dir, damage, file, code, words
 ):
-    # Run B killed right after its final checkpoint (step 80) was committed: step-80 is newest.
-    first = trainer(tmp_path, pause_at="step-80")
-    assert first.returncode == -9
-    newest = first.run_dir / step_dir_name(80)
+    # Run B killed right after its final checkpoint (step 80) was committed: step-80 is
+    # newest (killed once for the session; each damage is done to a copy)
+    def make(root):
+        assert trainer(root, pause_at="step-80").returncode == -9
+
+    shutil.copytree(once(shared_dir / "killed-at-80", make), tmp_path, dirs_exist_ok=True)
+    newest = tmp_path / "r" / step_dir_name(80)
     damage(newest / file)
 
     assert cli.main(["verify", str(newest), "--json", *T(signer)]) == code

@@ -28,6 +28,7 @@ from recovery.format.layout import METRICS_FILE, parse_step, step_dir_name
 from recovery.integrity import full, reader
 from recovery.integrity.trust import KEY_ENV
 from tests import launcher
+from tests.conftest import once
 from tests.integration.conftest import SMALL, TRAIN
 
 pytestmark = pytest.mark.integration
@@ -46,19 +47,26 @@ needs_setpriv = pytest.mark.skipif(
 )
 
 
-def train(root: Path, data: Path, signer, *extra: str, fsize: int | None = None, **kw):
-    """train.py without the permission-bypassing capabilities; returns the finished process."""
+def train(
+    root: Path, data: Path, signer, *extra: str, fsize: int | None = None,
+    unprivileged: bool = False, **kw,
+):  # fmt: skip
+    """train.py (``unprivileged``: without the permission-bypassing capabilities, for a
+    test of permission bits); returns the started process. Without a file-size limit or
+    ``setpriv`` it starts from the preloaded launcher, otherwise in a fresh interpreter."""
     env = {**os.environ, KEY_ENV: str(signer.path), **kw.pop("env", {})}
 
     def limit() -> None:
-        if fsize is not None:
-            resource.setrlimit(resource.RLIMIT_FSIZE, (fsize, fsize))
+        resource.setrlimit(resource.RLIMIT_FSIZE, (fsize, fsize))
 
+    if fsize is not None:
+        kw["preexec_fn"] = limit
     return launcher.Popen(
-        [*UNPRIVILEGED, sys.executable, str(TRAIN), f"checkpoint.root={root}",
-         f"recipe.data.root={data}", *SMALL, "checkpoint.dvc.enabled=false", *extra],
+        [*(UNPRIVILEGED if unprivileged else []), sys.executable, str(TRAIN),
+         f"checkpoint.root={root}", f"recipe.data.root={data}", *SMALL,
+         "checkpoint.dvc.enabled=false", *extra],
         cwd=root.parent, env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
-        preexec_fn=limit, **kw,
+        **kw,
     )  # fmt: skip
 
 
@@ -74,12 +82,17 @@ def one_line(err: str) -> str:
 
 
 @pytest.fixture
-def committed(tmp_path, data_root, signer):
-    """A run with checkpoints 10..80 (the tiny run, to its end), root-owned."""
+def committed(tmp_path, shared_dir, data_root, signer):
+    """A run with checkpoints 10..80 (the tiny run, to its end), root-owned: a copy of one
+    made once for the session (the tests change its permissions)."""
+
+    def make(where: Path) -> None:
+        (where / "ckpts").mkdir()
+        code, err = finish(train(where / "ckpts", data_root, signer))
+        assert code == 0, err[-3000:]
+
     root = tmp_path / "ckpts"
-    root.mkdir()
-    code, err = finish(train(root, data_root, signer))
-    assert code == 0, err[-3000:]
+    shutil.copytree(once(shared_dir / "storage-committed", make) / "ckpts", root)
     return root
 
 
@@ -90,13 +103,16 @@ def test_a_read_only_checkpoint_root_is_one_line_fresh_and_resumed(
     fresh = tmp_path / "fresh"
     fresh.mkdir()
     fresh.chmod(0o555)
-    code, err = finish(train(fresh, data_root, signer))
+    code, err = finish(train(fresh, data_root, signer, unprivileged=True))
     assert code == 28 and str(fresh) in one_line(err)
     assert list(fresh.iterdir()) == []
     # resumed: the run directory is read-only (Hydra's logs, beside it, are writable)
     run_dir = committed / "r"
     run_dir.chmod(0o555)
-    code, err = finish(train(committed, data_root, signer, "+resume=latest", "train.steps=90"))
+    resumed = train(
+        committed, data_root, signer, "+resume=latest", "train.steps=90", unprivileged=True
+    )
+    code, err = finish(resumed)
     assert code == 28 and "cannot write the run directory" in one_line(err)
 
 
@@ -226,7 +242,10 @@ def test_an_unreadable_file_in_the_newest_checkpoint_is_a_fallback(committed, da
         capture_output=True, text=True, timeout=120,
     )  # fmt: skip
     assert verify.returncode == 27 and "optimizer.safetensors" in one_line(verify.stderr)
-    code, err = finish(train(committed, data_root, signer, "+resume=latest", "train.steps=90"))
+    resumed = train(
+        committed, data_root, signer, "+resume=latest", "train.steps=90", unprivileged=True
+    )
+    code, err = finish(resumed)
     assert code == 0, err[-3000:]
     assert "RESUME FALLBACK" in err and "cannot be read (Permission denied)" in err
     assert f"resumed from {committed / 'r' / step_dir_name(70)}" in err
