@@ -3,9 +3,11 @@
 from __future__ import annotations
 
 import json
+import re
 import shutil
 import signal
 import statistics
+from html import unescape
 
 import pytest
 import torch
@@ -156,20 +158,35 @@ def test_a_resume_on_another_world_size_reshards_and_stays_in_the_seed_band(
     assert hop["world_size"] == before and hop["resharded"]["to"] == after
 
 
-@pytest.mark.parametrize("point", ["rank-1-write-30", "rank-1-sharded-30"])
-def test_a_rank_killed_mid_save_commits_nothing_and_the_job_resumes(
-    point, job, trainer, tmp_path, trust
-):
+def test_a_rank_killed_mid_save_commits_nothing_and_the_job_resumes(job, trainer, tmp_path, trust):
+    """Rank 1 SIGKILLed while writing its files of step 30 (``rank-1-write-30``), then, in
+    the job resumed from there, once its shard of step 40 is written (``rank-1-sharded-40``):
+    neither step is committed, each resume removes the abandoned write and continues from
+    the newest committed step, and the job ends bit-identical (one job per kill point)."""
     reference = job("ddp", 2)
     root = tmp_path / "job"
-    killed = trainer(root, nproc=2, pause_at=point, kill_marked_rank=True, timeout=240)
+    killed = trainer(root, nproc=2, pause_at="rank-1-write-30", kill_marked_rank=True, timeout=240)
     assert killed.returncode != 0
     listing = scan(root / "r")
     assert [s for s, _ in listing.committed] == [10, 20]  # step 30 never committed
     assert listing.stale, "the abandoned write stays as an unsigned temp directory"
+    killed = trainer(
+        root,
+        "+resume=latest",
+        nproc=2,
+        pause_at="rank-1-sharded-40",
+        kill_marked_rank=True,
+        timeout=240,
+    )
+    assert killed.returncode != 0
+    assert "resumed from" in killed.output and "step-00000020" in killed.output
+    assert "removing" in killed.output and "never committed" in killed.output
+    listing = scan(root / "r")
+    assert [s for s, _ in listing.committed] == [10, 20, 30]  # step 40 never committed
+    assert listing.stale, "the abandoned write stays as an unsigned temp directory"
     resumed = trainer(root, "+resume=latest", nproc=2)
     assert resumed.returncode == 0, resumed.output
-    assert "resumed from" in resumed.output and "step-00000020" in resumed.output
+    assert "resumed from" in resumed.output and "step-00000030" in resumed.output
     assert "removing" in resumed.output and "never committed" in resumed.output
     assert_same_job(reference, root / "r", trust, ranks=2)
 
@@ -198,7 +215,11 @@ def test_each_rank_verifies_the_shards_it_reads_and_a_damaged_one_falls_back(
     assert_same_job(reference, root / "r", trust, ranks=2)
 
 
-def test_a_plain_process_resumes_a_two_rank_checkpoint(job, trainer, tmp_path, trust):
+def test_a_plain_process_resumes_a_two_rank_checkpoint_and_reports_both_world_sizes(
+    job, trainer, tmp_path, trust, signer, capsys
+):
+    """One process resumes the 2-rank job's step 60 (70 and 80 lost); ``recovery report``
+    of the run shows both world sizes and the resharded resume."""
     reference = job("fsdp", 2)
     root = tmp_path / "plain"
     shutil.copytree(reference.parent, root, ignore=shutil.ignore_patterns("*.log"))
@@ -210,6 +231,19 @@ def test_a_plain_process_resumes_a_two_rank_checkpoint(job, trainer, tmp_path, t
     final = resume.load(root / "r" / step_dir_name(STEPS), trust)
     assert DISTRIBUTED not in final.decoded.meta and "model" in final.decoded.tree
     assert final.manifest.recovery["world_size"] == 1
+
+    page = tmp_path / "report.html"
+    capsys.readouterr()
+    code = cli.main(["report", str(root / "r"), "--out", str(page),
+                     "--trusted", str(signer.path.parent)])  # fmt: skip
+    assert code == 0, capsys.readouterr().err
+    html = page.read_text()
+    text = re.sub(r"\s+", " ", unescape(re.sub(r"<[^>]+>", " ", html)))
+    assert "world size 1, 2" in text
+    assert "1 (resharded 2->1)" in text  # the resumes table
+    # the lineage edge (its drift: the job's dist.strategy, which this resume leaves out)
+    assert re.search(r"resume \((drift: [^;)]*; )?2->1 ranks\)", text), text
+    assert "world 2 ranks" in html  # the 2-rank checkpoint's node
 
 
 def test_a_two_rank_checkpoint_exports_and_warm_starts_a_new_run(

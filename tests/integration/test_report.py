@@ -4,8 +4,9 @@ The own loop (tests/fixtures/own_loop.py) is SIGKILLed at a fault point and reru
 resumes; its report is opened from disk by Debian's ``chromium`` (no sandbox, no GPU, no
 background networking): the screenshot must not be blank and the page the browser built
 must name the checkpoint the run resumed from. Where no browser is installed the test
-skips and says why (``.ci/run`` installs it). A real 2-rank torchrun job, killed and
-resumed on one process, reports its world sizes and the resharded resume.
+skips and says why (``.ci/run`` installs it). The report of a 2-rank job resumed on one
+process (its world sizes, the resharded resume) is checked in test_distributed.py, on the
+run that test resumes.
 """
 
 from __future__ import annotations
@@ -93,22 +94,3 @@ def test_the_report_of_a_killed_and_resumed_run_renders_in_chromium(tmp_path, si
     assert "<svg" in dom and dom.count("<svg") >= 3  # curves, timeline, lineage
     if os.environ.get("RECOVERY_REPORT_SHOT"):  # to refresh docs/report.png by hand
         shutil.copy(shot, os.environ["RECOVERY_REPORT_SHOT"])
-
-
-def test_a_two_rank_job_resumed_on_one_process_reports_both_world_sizes(
-    tmp_path, trainer, signer, capsys
-):
-    keep = "checkpoint.keep_every=20"  # step 20, written by both ranks, stays on disk
-    first = trainer(tmp_path, keep, pause_at="step-25", nproc=2)  # 10 and 20 by 2 ranks
-    assert first.returncode != 0
-    done = trainer(tmp_path, keep, "+resume=latest")  # one process: resharded 2 -> 1
-    assert done.returncode == 0, done.output
-    page = tmp_path / "report.html"
-    code = cli.main(["report", str(first.run_dir), "--out", str(page),
-                     "--trusted", str(signer.path.parent)])  # fmt: skip
-    assert code == 0, capsys.readouterr().err
-    text = re.sub(r"\s+", " ", unescape(re.sub(r"<[^>]+>", " ", page.read_text())))
-    assert "world size 1, 2" in text
-    assert "1 (resharded 2->1)" in text  # the resumes table
-    assert "resume (2->1 ranks" in text  # the lineage edge
-    assert "world 2 ranks" in page.read_text()  # the 2-rank checkpoint's node
