@@ -19,7 +19,7 @@ from recovery import faults
 from recovery.format.layout import METRICS_FILE, step_dir_name
 from recovery.run import journal
 from tests import launcher
-from tests.integration.conftest import ROOT, SMALL, STEPS, assert_same_run
+from tests.integration.conftest import ROOT, SMALL, STEPS, assert_same_run, console
 
 pytestmark = pytest.mark.integration
 
@@ -28,7 +28,7 @@ GIT = ["git", "-c", "user.name=t", "-c", "user.email=t@example.com"]
 
 
 def sh(cwd: Path, *cmd: str, env: dict[str, str]) -> subprocess.CompletedProcess[str]:
-    done = launcher.run(list(cmd), cwd=cwd, env=env, capture_output=True, text=True, timeout=600)
+    done = launcher.run(console(cmd), cwd=cwd, env=env, capture_output=True, text=True, timeout=600)
     if done.returncode != 0:
         pytest.fail(f"{' '.join(cmd)} exited {done.returncode}:\n{done.stdout}\n{done.stderr}")
     return done
@@ -93,7 +93,7 @@ def test_dvc_experiments_train_resume_queue_and_show(project, data_root, referen
     pause = {faults.PAUSE_ENV: "step-45", faults.MARK_ENV: str(mark)}
     with open(proj.parent / "a.log", "w") as log:
         run = ["dvc", "exp", "run", "exp/dvc.yaml", "-n", "a", *sets]
-        proc = launcher.Popen(run, cwd=proj, env={**env, **pause}, stdout=log, stderr=log)
+        proc = launcher.Popen(console(run), cwd=proj, env={**env, **pause}, stdout=log, stderr=log)
         try:
             deadline = time.monotonic() + 300
             while not mark.exists():

@@ -18,7 +18,7 @@ from recovery.format.layout import step_dir_name
 from recovery.run import resume
 from recovery.storage import tracking
 from tests import launcher
-from tests.integration.conftest import ROOT, assert_same_run
+from tests.integration.conftest import ROOT, assert_same_run, console
 
 pytestmark = pytest.mark.integration
 
@@ -28,7 +28,7 @@ BIN = Path(sys.executable).parent
 def sh(
     cwd: Path, *cmd: str, env: dict[str, str], check: bool = True
 ) -> subprocess.CompletedProcess[str]:
-    done = launcher.run(list(cmd), cwd=cwd, env=env, capture_output=True, text=True, timeout=600)
+    done = launcher.run(console(cmd), cwd=cwd, env=env, capture_output=True, text=True, timeout=600)
     if check and done.returncode != 0:
         pytest.fail(f"{' '.join(cmd)} exited {done.returncode}:\n{done.stdout}\n{done.stderr}")
     return done
