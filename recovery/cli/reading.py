@@ -30,7 +30,7 @@ from recovery.cli.common import (
 from recovery.provenance import lineage
 from recovery.run import checked, selfcheck
 
-if TYPE_CHECKING:  # audit verifies by decoding (torch): imported by the audit command only
+if TYPE_CHECKING:  # audit's walk and index: imported by the audit command only
     from recovery.tools import audit
 
 
@@ -182,9 +182,16 @@ def audit_text(report: audit.Report) -> str:
             if link.world_size is not None:
                 parts.append(f"world {link.world_size}")
         elif link.status == audit.PRUNED:
-            parts.append(
-                f"not on disk (deleted by retention), recorded sha256 {str(link.sha256)[:16]}"
-            )
+            sha = str(link.sha256)[:16]
+            if link.retired_at is not None:
+                parts.append(
+                    f"removed by retention at step {link.retired_at}, recorded sha256 {sha}"
+                )
+            else:
+                parts.append(
+                    f"not on disk and not retired by its run (deleted or moved by hand?), "
+                    f"recorded sha256 {sha}"
+                )
         if link.abandoned:
             parts.append(f"abandoned branch {link.abandoned['branch']}")
         if link.resharded:

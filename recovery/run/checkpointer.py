@@ -26,7 +26,7 @@ import yaml
 from recovery import faults
 from recovery.config import CheckpointConfig, HealthConfig, SigningConfig
 from recovery.errors import Preempted, PurposeError
-from recovery.format.layout import step_dir_name
+from recovery.format.layout import WARM_START_DIR, step_dir_name
 from recovery.integrity import trust as keys
 from recovery.integrity.lock import RunLock
 from recovery.integrity.reaping import Reaper
@@ -53,8 +53,6 @@ from recovery.state.registry import MODEL, TrainState
 from recovery.storage import tracking
 
 log = logging.getLogger(__name__)
-
-WARM_START_DIR = "warm_start"
 
 
 class Checkpointer(Ending):

@@ -38,7 +38,7 @@ from recovery.format.layout import SIGNATURE_FILE
 from recovery.format.manifest import Manifest
 from recovery.integrity import chain
 from recovery.integrity.signing import TrustStore
-from recovery.run import resume
+from recovery.run import checked
 from recovery.tools.audit_index import (
     Index,
     abandoned_of,
@@ -232,7 +232,7 @@ def audit(
     moved = abandoned_of(path)
     links: list[Link] = []
     try:
-        head = resume.load(path, trust, allow_untrusted=allow_untrusted)
+        head = checked.check(path, trust, allow_untrusted=allow_untrusted)
     except RecoveryError as err:
         if not os.path.lexists(path / SIGNATURE_FILE):
             raise
@@ -262,7 +262,7 @@ def audit(
         where = known.found.get(digest) or at_recorded(ref, root)
         if where is not None:
             try:
-                loaded = resume.load(where, trust, allow_untrusted=allow_untrusted)
+                loaded = checked.check(where, trust, allow_untrusted=allow_untrusted)
             except RecoveryError as err:
                 why = {"error": str(err), "exception": err, "abandoned": abandoned_of(where)}
                 links.append(_from_ref(relation, ref, FAILED, path=str(where), **why))

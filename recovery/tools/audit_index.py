@@ -35,13 +35,13 @@ from recovery.format.layout import (
     BEST_DIR,
     METRICS_FILE,
     SIGNATURE_FILE,
+    WARM_START_DIR,
     is_uncommitted,
     parse_step,
 )
 from recovery.integrity import seal
 from recovery.integrity.signing import MAX_BUNDLE_BYTES, TrustStore
 from recovery.run import journal
-from recovery.run.checkpointer import WARM_START_DIR
 
 log = logging.getLogger(__name__)
 

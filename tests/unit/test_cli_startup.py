@@ -1,5 +1,6 @@
-"""``recovery --help``, ``--version``, ``ls RUN`` and ``verify CKPT`` answer without importing
-torch (the speed itself is ``benchmarks/bench_cli_startup.py``'s, never a timed test)."""
+"""``recovery --help``, ``--version``, ``ls RUN``, ``verify CKPT`` and ``audit CKPT`` answer
+without importing torch (the speed itself is ``benchmarks/bench_cli_startup.py``'s, never a
+timed test)."""
 
 from __future__ import annotations
 
@@ -53,7 +54,11 @@ def test_ls_and_verify_of_a_real_run_verify_every_file_without_importing_torch(t
     run_dir = tmp_path / "checkpoints" / "run"
     commit_state(run_dir, tiny_state(), 4, signer)
     trusted = ["--trusted", str(signer.path.parent)]
-    for argv in (["ls", str(run_dir)], ["verify", str(run_dir / step_dir_name(4))]):
+    for argv in (
+        ["ls", str(run_dir)],
+        ["verify", str(run_dir / step_dir_name(4))],
+        ["audit", str(run_dir / step_dir_name(4))],
+    ):
         modules = imported([*argv, *trusted], tmp_path)
         assert "recovery.integrity.hashonly" in modules  # it verified every file's digest
         assert "torch" not in modules and "numpy" not in modules, argv

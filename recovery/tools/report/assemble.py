@@ -10,9 +10,8 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from recovery.errors import CheckpointNotFoundError, RecoveryError
-from recovery.format.layout import ABANDONED_DIR, BEST_DIR, METRICS_FILE, scan
+from recovery.format.layout import ABANDONED_DIR, BEST_DIR, METRICS_FILE, WARM_START_DIR, scan
 from recovery.integrity.signing import TrustStore
-from recovery.run.checkpointer import WARM_START_DIR
 from recovery.run.journal import effective_steps, read
 from recovery.storage import tracking
 from recovery.tools import audit
