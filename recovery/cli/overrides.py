@@ -36,7 +36,7 @@ def compose(
         from hydra.errors import HydraException
     except ImportError as err:
         raise errors.ConfigError(
-            f"{command}: needs Hydra ({err}); pip install 'recovery[hydra]'"
+            f"{command}: needs Hydra ({err}); pip install -e '.[hydra]' from the checkout"
         ) from None
     conf = conf if conf is not None else Path.cwd() / "conf"
     if not conf.is_dir():

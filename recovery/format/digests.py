@@ -47,7 +47,7 @@ def new(algorithm: str) -> Hasher:
         except ImportError:
             raise FormatError(
                 "hash blake3: the blake3 package is not installed; install it with "
-                "pip install 'recovery[blake3]' (or save with checkpoint.hash=sha256)"
+                "pip install -e '.[blake3]' (or save with checkpoint.hash=sha256)"
             ) from None
         return blake3()
     raise FormatError(f"hash {algorithm!r}: expected one of {', '.join(ALGORITHMS)}")

@@ -99,7 +99,7 @@ def require_dvc(what: str) -> None:
     # DVC (half a second) should not delay the run's start
     if importlib.util.find_spec("dvc") is None:
         raise ConfigError(
-            f"{what} needs DVC, which is not installed: pip install 'recovery[dvc]' "
+            f"{what} needs DVC, which is not installed: pip install -e '.[dvc]' "
             "(or set checkpoint.dvc.enabled=false)"
         )
 

@@ -72,9 +72,9 @@ def test_reading_commands_work_without_any_extra(tmp_path, signer):
 @pytest.mark.parametrize(
     ("argv", "extra"),
     [
-        (["sync", "run"], "recovery[dvc]"),
-        (["export"], "recovery[hydra]"),
-        (["drill"], "recovery[hydra]"),
+        (["sync", "run"], ".[dvc]"),
+        (["export"], ".[hydra]"),
+        (["drill"], ".[hydra]"),
     ],
 )
 def test_a_command_that_needs_an_extra_names_it(tmp_path, argv, extra):

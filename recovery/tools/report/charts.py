@@ -30,13 +30,13 @@ def require(what: str) -> None:
     """Refuse, naming the extra, when matplotlib cannot be imported.
 
     Raises:
-        ConfigError: matplotlib is not installed (``pip install 'recovery[plot]'``).
+        ConfigError: matplotlib is not installed (``pip install -e '.[plot]'``).
     """
     try:
         import matplotlib  # noqa: F401
     except ImportError as err:
         raise ConfigError(
-            f"{what} needs matplotlib, which is not installed ({err}): pip install 'recovery[plot]'"
+            f"{what} needs matplotlib, which is not installed ({err}): pip install -e '.[plot]'"
         ) from None
 
 
