@@ -75,8 +75,7 @@ class Lines:
             print(text, file=sys.stderr, flush=True)
             return
         self._bar.write(text, file=sys.stderr)
-        if left:
-            self._bar.set_postfix_str(f"est. {left} left", refresh=False)
+        self._bar.set_postfix_str(f"est. {left} left" if left else "", refresh=False)
         self._bar.update(advance)
 
 

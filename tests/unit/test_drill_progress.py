@@ -137,7 +137,9 @@ def test_lines_are_plain_off_a_terminal_and_above_a_bar_on_one(monkeypatch, caps
         lines.say("drill: two", advance=1)
     shown = terminal.getvalue()
     assert "drill: one\n" in shown and "drill: two\n" in shown
-    assert "est. 5 s left" in shown and "2/2" in shown
+    assert "| 00:00, est. 5 s left" in shown and "2/2" in shown
+    assert shown.rstrip().rsplit("\r", 1)[-1].startswith("drill: 2/2 ")
+    assert "left" not in shown.rsplit("drill: 2/2", 1)[1]  # no estimate: none was given
 
 
 @pytest.mark.parametrize(
