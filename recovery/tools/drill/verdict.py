@@ -180,7 +180,7 @@ def conclude(
     try:
         report.plot = str((draw or plot)(out, ref, victim, report))
     except ImportError as err:  # the verdict stands without its picture
-        log.warning("drill: no plot (%s); pip install 'recovery[plot]' for drill.png", err)
+        log.warning("drill: no plot (%s); pip install -e '.[plot]' for drill.png", err)
     (out / DRILL_FILE).write_text(json.dumps(asdict(report), indent=1))
     return report
 
