@@ -92,12 +92,21 @@ def read_verified(
             read and verified only when used (:class:`Deferred`): the DCP shards of a
             ``torchrun`` job, of which each rank reads only its own part.
 
+    The first failure found is raised, naming the file, what was expected and what was
+    found.
+
     Raises:
-        CheckpointNotFoundError, ManifestError, SignatureError, UntrustedSignerError,
-        UnsafePathError, MissingFileError, ExtraFileError, TruncatedFileError,
-        DigestMismatchError, UnreadableFileError: the first failure found, naming the
-        file, what was expected and what was found (ExtraFileError also for a signed
-        file ``state.json`` does not claim). FormatError: a malformed shard index.
+        CheckpointNotFoundError: no such checkpoint directory.
+        ManifestError: the manifest is missing or malformed.
+        SignatureError: ``model.sig`` is malformed or its signature does not verify.
+        UntrustedSignerError: signed by a key outside ``trust``.
+        UnsafePathError: an unsafe path or a symlink in the directory.
+        MissingFileError: a listed file is missing.
+        ExtraFileError: an unlisted file, or a signed file ``state.json`` does not claim.
+        TruncatedFileError: a file has the wrong size.
+        DigestMismatchError: a file's digest does not match.
+        UnreadableFileError: a file exists but cannot be read.
+        FormatError: a malformed shard index.
     """
     path = Path(path)
     with listed.readable(path):

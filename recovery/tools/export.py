@@ -277,7 +277,9 @@ def load_inference(
         allow_untrusted: accept another signer (the signature is still checked).
 
     Raises:
-        VerificationError, FormatError, PurposeError.
+        VerificationError: the artifact fails verification (signature, trust, a file).
+        FormatError: its verified bytes do not decode.
+        PurposeError: it is no inference artifact, or lacks its program or signature.
     """
     from recovery.config import SigningConfig
     from recovery.integrity import trust as trust_mod

@@ -129,7 +129,7 @@ MAKE_TARGETS = set(re.findall(r"^([\w-]+):", (TOP / "Makefile").read_text(), fla
 EXTRAS = set(
     tomllib.loads((TOP / "pyproject.toml").read_text())["project"]["optional-dependencies"]
 )
-PROGRAMS = {"dvc", "tensorboard", "model_signing", "echo", "git", "openssl", "sha256sum"}
+PROGRAMS = {"dvc", "tensorboard", "model_signing", "echo", "git", "openssl", "sha256sum", "pytest"}
 
 
 def check_train_py(where: str, argv: list[str]) -> None:
