@@ -10,6 +10,12 @@ import shutil
 from collections.abc import Callable
 from pathlib import Path
 
+# One torch thread in every test process and every process a test starts (they inherit
+# it; set before torch is first imported, which reads it then): the models are tiny, and
+# on CI's 2 cores, shared by two pytest workers, a pool of spinning threads per process
+# more than doubled the CPU time (see demo.py). Every run a test compares runs with it.
+os.environ.setdefault("OMP_NUM_THREADS", "1")
+
 import pytest
 import torch
 
@@ -175,3 +181,87 @@ def _per_user_config(tmp_path_factory):
         os.environ.pop("XDG_CONFIG_HOME", None)
     else:
         os.environ["XDG_CONFIG_HOME"] = before
+
+
+# Rough seconds per test (measured with `--durations=0` on 2 loaded cores): the files whose
+# tests start real processes, and the longest tests by name. Only the order matters.
+COST_PER_TEST = {
+    "integration/test_pipeline.py": 60,
+    "integration/test_classifier.py": 60,
+    "integration/test_trackers.py": 60,
+    "integration/test_distributed.py": 50,
+    "integration/test_differential.py": 45,
+    "integration/test_provenance.py": 45,
+    "integration/test_drill.py": 40,
+    "integration/test_distributed_async.py": 35,
+    "integration/test_dvc_exp.py": 35,
+    "integration/test_elastic.py": 30,
+    "integration/test_bench_smoke.py": 25,
+    "integration/test_plain_loop.py": 22,
+    "integration/test_examples.py": 18,
+    "integration/test_async_preemption.py": 18,
+    "integration/test_kill_resume.py": 15,
+    "integration/test_storage_faults.py": 12,
+    "integration/test_tracking.py": 8,
+    "integration/test_hydra.py": 7,
+    "integration/test_health.py": 6,
+    "integration/test_import.py": 6,
+    "integration/test_run_dir_attacks.py": 6,
+    "integration/test_report.py": 5,
+    "unit/test_layers.py": 4,
+    "unit/test_async.py": 4,
+    "integration/test_resume_check.py": 3,
+    "integration/test_branches.py": 3,
+    "integration/test_drill_command.py": 3,
+    "unit/test_launcher.py": 2,
+    "unit/test_trackers.py": 2,
+}
+COST_BY_NAME = {
+    "test_dvc_repro_exports_then_does_nothing_then_reexports_after_training": 200,
+    "test_data_is_modified_only_when_it_differs_and_a_stale_stage_is_said_apart": 140,
+    "test_dvc_experiments_train_resume_queue_and_show": 140,
+    "test_the_drill_passes_with_differential_saves": 120,
+    "test_drill_passes_on_the_classifier_with_workers_amp_and_async_saves": 100,
+    "test_a_two_rank_job_killed_and_resumed_is_bit_identical": 100,
+    "test_killed_and_resumed_run_is_one_mlflow_run_and_one_tensorboard_series": 90,
+    "test_drill_passes_with_ten_kills_in_every_window_with_async_writes": 80,
+    "test_a_resume_on_another_world_size_reshards_and_stays_in_the_seed_band": 75,
+    "test_drift_on_resume_is_reported_exactly_and_strict_refuses": 70,
+    "test_benchmark_runs_and_reports_every_method": 60,
+}
+
+
+def cost(item: pytest.Item) -> float:
+    """The rough cost of ``item`` in seconds (0: a quick test)."""
+    name = item.name.split("[")[0]
+    if name in COST_BY_NAME:
+        return COST_BY_NAME[name]
+    path = Path(str(item.fspath))
+    return COST_PER_TEST.get(f"{path.parent.name}/{path.name}", 0)
+
+
+def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
+    """Under pytest-xdist, the costly tests first, dealt across the workers' shares.
+
+    ``--dist worksteal`` gives each of the N workers one contiguous N-th of the list, and
+    an idle worker steals from the end of another's share. Each share here starts with
+    its part of the costly tests, longest first, dealt round-robin, and ends with quick
+    ones in their collection order: no long test starts last while another worker idles.
+    """
+    workers = int(os.environ.get("PYTEST_XDIST_WORKER_COUNT", "0"))
+    if workers < 2 or len(items) < workers:
+        return
+    costly = sorted((it for it in items if cost(it) > 0), key=cost, reverse=True)
+    quick = [it for it in items if cost(it) == 0]
+    shares: list[list[pytest.Item]] = [[] for _ in range(workers)]
+    for i, item in enumerate(costly):
+        shares[i % workers].append(item)
+    left = len(items)
+    for i, share in enumerate(shares):  # the sizes xdist cuts: what is left / workers left
+        size = left // (workers - i)
+        left -= size
+        take = max(0, size - len(share))
+        share.extend(quick[:take])
+        del quick[:take]
+    shares[-1].extend(quick)  # what a costly-heavy share left over
+    items[:] = [item for share in shares for item in share]

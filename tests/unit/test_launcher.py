@@ -119,7 +119,8 @@ def test_what_it_cannot_fork_goes_to_a_fresh_interpreter(tmp_path):
     assert not launcher.forkable([PY, "-X", "importtime", "-c", "pass"])
     assert not launcher.forkable(["git", "--version"])
     # read as the libraries are imported: the preloaded server would not see it
-    assert not launcher.forkable([PY, "-c", "pass"], {**os.environ, "OMP_NUM_THREADS": "1"})
+    threads = str(int(os.environ.get("OMP_NUM_THREADS", "1")) + 1)  # another than the base's
+    assert not launcher.forkable([PY, "-c", "pass"], {**os.environ, "OMP_NUM_THREADS": threads})
     assert not launcher.forkable([PY, "-c", "pass"], {**os.environ, "LOGLEVEL": "INFO"})
     assert launcher.forkable([PY, "-c", "pass"], {**os.environ, "PYTHONPATH": "/x"})
     copy = tmp_path / "recovery"  # a copy of the project runs its own package
