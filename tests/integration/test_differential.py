@@ -115,6 +115,7 @@ def test_the_drill_passes_with_differential_saves(tmp_path, diff_data, monkeypat
         f"recipe.data.root={diff_data}",
         *overrides,
         *DIFF,
+        "train.steps=50",  # saves 10 (base), 20, 30 (deltas), 40 (base), 50 (retiring 20)
         "--kills",
         "6",
         "--seed",
