@@ -137,7 +137,7 @@ repo.lock.unlock()
 
 def hold_lock(root: Path, seconds: float, tmp_path: Path) -> subprocess.Popen:
     mark = tmp_path / "locked"
-    proc = subprocess.Popen([sys.executable, "-c", LOCKER, str(root), str(mark), str(seconds)])
+    proc = launcher.Popen([sys.executable, "-c", LOCKER, str(root), str(mark), str(seconds)])
     while not mark.exists():
         assert proc.poll() is None, "the lock holder died"
         time.sleep(0.05)
