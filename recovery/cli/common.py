@@ -124,11 +124,9 @@ def signer_text(signer: dict[str, Any] | None) -> str:
 
 def signer_of(loaded: resume.Loaded) -> dict[str, Any] | None:
     """Who signed a verified artifact: key id, trust, dev key, where the key came from."""
-    check = loaded.manifest.signer
-    if check is None:
-        return None
-    dev = check.dev or bool((loaded.manifest.recovery.get("signer") or {}).get("dev"))
-    return {"key_id": check.key_id, "trusted": check.trusted, "dev": dev, "source": check.source}
+    from recovery.run import checked
+
+    return checked.signer(loaded.manifest)
 
 
 def parameters_digest(model_state: dict[str, Any]) -> str:
