@@ -296,7 +296,7 @@ def test_without_matplotlib_the_report_exits_12_naming_the_extra(tmp_path):
     out = python(BLOCK + "from recovery import cli\nsys.exit(cli.main(['report', 'run']))",
                  cwd=tmp_path)  # fmt: skip
     assert out.returncode == 12, out.stderr
-    assert "recovery[plot]" in out.stderr and "Traceback" not in out.stderr
+    assert "pip install -e '.[plot]'" in out.stderr and "Traceback" not in out.stderr
     assert len(out.stderr.strip().splitlines()) == 1
 
 
