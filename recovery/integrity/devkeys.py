@@ -5,10 +5,12 @@ trusted when verifying):
 
 1. ``signing.dev_key_dir`` when set, else ``$RECOVERY_DEV_KEY_DIR`` when set;
 2. the project's ``.recovery/dev-key``: the nearest one found walking up from the run
-   directory (a run's own; only a key made on this machine, see below), then from the
-   working directory, stopping at a git root or the filesystem root; only a directory
-   owned by this user and writable by nobody else counts (a ``/tmp/.recovery`` another
-   user made is never one);
+   directory, then from the working directory, stopping at a git root or the filesystem
+   root. Only a directory owned by this user and writable by nobody else counts (a
+   ``/tmp/.recovery`` another user made is never one), and only a key made on this
+   machine (registered, see below) counts, but for the working directory's own
+   ``./.recovery/dev-key``: a downloaded tree may carry a key of its own anywhere, and
+   running a command inside it must not make that key vouch for the tree's checkpoints;
 3. the per-user ``$XDG_CONFIG_HOME/recovery/dev-key`` (``~/.config/recovery/dev-key``).
 
 Besides, every dev key created on this machine registers its public key in
@@ -20,12 +22,15 @@ by being found.
 
 from __future__ import annotations
 
+import logging
 import os
 from collections.abc import Iterable
 from dataclasses import dataclass
 from pathlib import Path
 
 from recovery.integrity.signing import PUBLIC_KEY_FILE
+
+log = logging.getLogger(__name__)
 
 DEV_KEY_ENV = "RECOVERY_DEV_KEY_DIR"
 PROJECT_DEV_KEY = Path(".recovery") / "dev-key"
@@ -49,8 +54,7 @@ def registry() -> Path:
 
 
 def _own(path: Path) -> bool:
-    """Whether ``path`` (and its parent ``.recovery``) belong to this user and no one else
-    can write them."""
+    """Whether ``path`` (and its parent) belong to this user and no one else can write them."""
     try:
         stats = [path.stat(), path.parent.stat()]
     except OSError:
@@ -59,11 +63,31 @@ def _own(path: Path) -> bool:
     return all((uid is None or s.st_uid == uid) and not s.st_mode & 0o022 for s in stats)
 
 
+def registered_keys() -> list[Path]:
+    """The registry's public key files that can be believed: the registry directory and
+    each file this user's, writable by no one else (a shared or group-writable config
+    directory would let another user plant a key trusted everywhere)."""
+    folder = registry()
+    if not _own(folder):
+        if folder.exists():
+            log.warning(
+                "dev key registry %s ignored: not this user's, or writable by others", folder
+            )
+        return []
+    keys = []
+    for public in sorted(folder.glob("*.pub")):
+        if public.is_file() and not public.is_symlink() and _own(public):
+            keys.append(public)
+        else:
+            log.warning("dev key %s ignored: not this user's, or writable by others", public)
+    return keys
+
+
 def registered(public: Path) -> bool:
     """Whether the public key file ``public`` is one of this machine's dev keys."""
     try:
         pem = public.read_bytes()
-        return any(f.read_bytes() == pem for f in registry().glob("*.pub"))
+        return any(f.read_bytes() == pem for f in registered_keys())
     except OSError:
         return False
 
@@ -72,13 +96,16 @@ def project_dev_key(start: Path, *, made_here: bool = False) -> Path | None:
     """The nearest ``.recovery/dev-key`` holding a public key, walking up from ``start``
     to a git root (a directory holding ``.git``) or the filesystem root; ``None``.
 
-    ``made_here``: only a key registered as made on this machine counts (above a run
-    directory, which may be a downloaded one carrying its own key)."""
+    Only a key registered as made on this machine counts, but for ``start``'s own when
+    ``made_here`` is false (the working directory's ``./.recovery/dev-key``): a run
+    directory, and anything above the working directory, may be a downloaded tree
+    carrying a key of its own."""
     start = start.absolute()
     for directory in [start, *start.parents]:
         candidate = directory / PROJECT_DEV_KEY
         public = candidate / PUBLIC_KEY_FILE
-        if public.is_file() and _own(candidate) and (not made_here or registered(public)):
+        need = made_here or directory != start
+        if public.is_file() and _own(candidate) and (not need or registered(public)):
             return candidate
         if (directory / ".git").exists():
             return None

@@ -274,3 +274,18 @@ def _copy_into(source: Path, fd: int) -> None:
         os.fsync(fd)
     finally:
         os.close(fd)
+
+
+def private_dirs(path: Path) -> None:
+    """Create ``path`` and each missing directory above it with mode 0700, whatever the
+    umask (``mkdir(parents=True)`` gives the parents the umask's mode: with Debian's
+    per-user-group umask 002 a key directory would be group-writable, which the dev key
+    search refuses to believe)."""
+    missing = []
+    for directory in [path, *path.parents]:
+        if directory.exists():
+            break
+        missing.append(directory)
+    for directory in reversed(missing):
+        with contextlib.suppress(FileExistsError):
+            directory.mkdir(mode=0o700)

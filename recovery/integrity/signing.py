@@ -40,6 +40,7 @@ from cryptography.hazmat.primitives.asymmetric import ec
 from recovery.errors import SignatureError, SigningKeyError, UntrustedSignerError
 from recovery.format import bounded
 from recovery.format.manifest import SignatureCheck
+from recovery.integrity import nofollow
 
 log = logging.getLogger(__name__)
 
@@ -124,7 +125,7 @@ def generate_keypair(out_dir: Path, *, overwrite: bool = False) -> tuple[Path, P
     """
     priv_path, pub_path = out_dir / PRIVATE_KEY_FILE, out_dir / PUBLIC_KEY_FILE
     try:
-        out_dir.mkdir(parents=True, exist_ok=True)
+        nofollow.private_dirs(out_dir)
         return _write_keypair(priv_path, pub_path, overwrite=overwrite)
     except OSError as err:
         what = "is a file, not a directory" if out_dir.is_file() else f"is not writable ({err})"

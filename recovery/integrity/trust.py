@@ -16,7 +16,7 @@ from collections.abc import Iterable
 from pathlib import Path
 
 from recovery.config import SigningConfig
-from recovery.integrity import devkeys
+from recovery.integrity import devkeys, nofollow
 from recovery.integrity.devkeys import DEV_KEY_ENV as DEV_KEY_ENV
 from recovery.integrity.devkeys import PROJECT_DEV_KEY as PROJECT_DEV_KEY
 from recovery.integrity.signing import (
@@ -100,8 +100,9 @@ def _register(public: Path) -> None:
     pem = public.read_bytes()
     target = devkeys.registry() / f"{key_id(load_public_key(pem, where=str(public)))}.pub"
     try:
-        target.parent.mkdir(parents=True, exist_ok=True)
+        nofollow.private_dirs(target.parent)
         target.write_bytes(pem)
+        target.chmod(0o644)  # a group-writable key would be ignored (devkeys.registered_keys)
     except OSError as err:  # the key still signs; verifying elsewhere needs --trusted
         log.warning("could not register the dev key in %s: %s", target.parent, err)
 
@@ -111,7 +112,7 @@ def dev_key_places(configured: str | None = None) -> list[Path]:
     working directory that holds one, and the registry of this machine's dev keys. Never a
     key found above a checkpoint: one shipped beside it would vouch for itself."""
     found = [p.path / PUBLIC_KEY_FILE for p in devkeys.search(configured) if p.path]
-    return [*found, devkeys.registry()]
+    return [*found, *devkeys.registered_keys()]
 
 
 def searched(trusted: Iterable[Path], configured: str | None = None) -> list[str]:

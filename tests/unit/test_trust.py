@@ -1,5 +1,7 @@
 """The dev key resolves the same from anywhere; the CLI trusts $RECOVERY_SIGNING_KEY."""
 
+import os
+
 from recovery import cli
 from recovery.config import SigningConfig
 from recovery.format.layout import step_dir_name
@@ -122,3 +124,39 @@ def test_a_dev_key_others_can_write_is_never_the_projects(tmp_path, monkeypatch)
     assert trust.dev_key_dir() == tmp_path / ".recovery" / "dev-key"
     (tmp_path / ".recovery").chmod(0o777)
     assert trust.dev_key_dir() == tmp_path / "xdg" / "recovery" / "dev-key"
+
+
+def test_a_key_shipped_in_a_downloaded_tree_is_not_trusted_from_inside_it(tmp_path, monkeypatch):
+    """Working anywhere below a downloaded tree's root, its own ``.recovery/dev-key`` never
+    vouches for its checkpoints: above the working directory only keys made here count."""
+    monkeypatch.delenv(trust.KEY_ENV, raising=False)
+    monkeypatch.delenv(trust.DEV_KEY_ENV, raising=False)
+    monkeypatch.setenv("XDG_CONFIG_HOME", str(tmp_path / "xdg"))
+    evil = tmp_path / "downloaded"
+    signer = make_signer(evil / ".recovery" / "dev-key")
+    commit_state(evil / "runs", tiny_state(), 2, signer)
+    monkeypatch.chdir(evil / "runs")
+    assert cli.main(["verify", step_dir_name(2)]) == 17
+    assert trust.dev_key_dir(fallback=trust.PROJECT_DEV_KEY) != evil / ".recovery" / "dev-key"
+
+
+def test_keys_are_made_private_whatever_the_umask_and_a_writable_registry_is_ignored(
+    tmp_path, monkeypatch
+):
+    from recovery.integrity import devkeys
+
+    monkeypatch.delenv(trust.KEY_ENV, raising=False)
+    monkeypatch.delenv(trust.DEV_KEY_ENV, raising=False)
+    monkeypatch.setenv("XDG_CONFIG_HOME", str(tmp_path / "xdg"))
+    (tmp_path / "project" / ".git").mkdir(parents=True)
+    monkeypatch.chdir(tmp_path / "project")
+    old = os.umask(0o002)  # Debian's per-user-group umask
+    try:
+        made = trust.resolve_signer(SigningConfig(), create_in=trust.PROJECT_DEV_KEY)
+    finally:
+        os.umask(old)
+    for directory in (made.path.parent, made.path.parent.parent, devkeys.registry()):
+        assert directory.stat().st_mode & 0o077 == 0, directory
+    assert devkeys.registered_keys()  # believed: the registry is this user's alone
+    devkeys.registry().chmod(0o777)  # another user could plant a key here now
+    assert devkeys.registered_keys() == []
