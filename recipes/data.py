@@ -61,6 +61,12 @@ class DataConfig:
         at_least("recipe.data.signal", self.signal, 0, 3.0)
         at_least("recipe.data.noise", self.noise, 0, 0.5)
         check_seed(self.seed, "recipe.data.seed")
+        if not Path(str(self.root).strip()).name:  # '', '.', '/': no directory to write beside
+            raise refuse(
+                "recipe.data.root",
+                f"expected a directory of its own for the interaction log, got {self.root!r}",
+                "data/interactions",
+            )
         if self.shards > self.num_interactions:
             raise refuse(
                 "recipe.data.shards",

@@ -9,6 +9,7 @@ is no Hydra override (``key=value``, ``+key=value``, ``~key``): argparse drops t
 from __future__ import annotations
 
 import argparse
+import json
 import re
 import shlex
 import sys
@@ -18,7 +19,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from recovery import errors
-from recovery.cli.codes import of_error
+from recovery.cli.codes import error_json, of_error
 from recovery.cli.codes import report as report_error
 from recovery.cli.common import add_trust_flags, duration, emit, trust_of
 from recovery.progress import event_lines
@@ -54,9 +55,22 @@ def command_of(positionals: list[str]) -> list[str] | None:
     return None
 
 
-def _usage(message: str) -> int:
+def _usage(args: argparse.Namespace, message: str) -> int:
     print(f"error: {message}", file=sys.stderr)
+    if args.json:  # a failure under --json is JSON on stdout too
+        print(json.dumps(error_json(USAGE, "usage", message), indent=1, sort_keys=True))
     return USAGE
+
+
+def _kills(value: str) -> int:
+    """``--kills``: a drill that kills nothing proves nothing."""
+    try:
+        kills = int(value)
+    except ValueError:
+        kills = 0
+    if kills < 1:
+        raise argparse.ArgumentTypeError(f"expected a whole number of kills >= 1, got {value!r}")
+    return kills
 
 
 def _page(out: Path, report: Report) -> str | None:
@@ -128,10 +142,10 @@ def _drill_command(args: argparse.Namespace, command: list[str]) -> int:
     try:
         drill_command.check_command(command)
     except errors.ConfigError as err:  # to drill train.py instead, overrides are key=value
-        return _usage(f"{err} (or Hydra overrides key=value, to drill train.py)")
+        return _usage(args, f"{err} (or Hydra overrides key=value, to drill train.py)")
     if args.dvc or args.script:
         flag = "--dvc" if args.dvc else "--script"
-        return _usage(f"drill {flag}: only for the project's train.py, not with a command")
+        return _usage(args, f"drill {flag}: only for the project's train.py, not with a command")
     out = Path(args.out or f".recovery/drills/{time.strftime('%Y%m%d-%H%M%S')}")
     plan = drill_command.CommandPlan(command=command, out=out, timeout_s=args.timeout)
     report = _drilled(args, drill_command.run, plan)
@@ -201,7 +215,7 @@ def register(sub: Any) -> None:
     )
     p.add_argument(
         "--kills",
-        type=int,
+        type=_kills,
         default=KILLS,
         help=f"SIGKILLs at random points (default {KILLS}; a thorough drill: --kills 20 "
         "train.steps=1200 checkpoint.every_steps=200)",

@@ -170,8 +170,7 @@ def epilog(name: str) -> str:
 
 def all_codes() -> str:
     """Every exit code, for the epilog of ``recovery --help``."""
-    rows = [(OK, meaning(OK)), (USAGE, meaning(USAGE))]
-    rows += sorted((code, what) for _, code, what in EXIT_CODES)
+    rows = sorted([(OK, meaning(OK)), (USAGE, meaning(USAGE))] + [(c, w) for _, c, w in EXIT_CODES])
     return "exit codes:\n" + "\n".join(f"  {code:>3}  {what}" for code, what in rows)
 
 

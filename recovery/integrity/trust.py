@@ -117,7 +117,8 @@ def dev_key_places(configured: str | None = None) -> list[Path]:
 
 def searched(trusted: Iterable[Path], configured: str | None = None) -> list[str]:
     """Every place a trust store built from these settings looked, in order, for messages."""
-    places = [f"signing.trusted / --trusted: {', '.join(map(str, trusted)) or 'none'}"]
+    named = ", ".join(str(Path(p).absolute()) for p in trusted)  # where, whatever the cwd
+    places = [f"signing.trusted / --trusted: {named or 'none'}"]
     places += [p.text() for p in devkeys.search(configured)]
     places.append(f"dev keys made on this machine: {devkeys.registry()}")
     if os.environ.get(KEY_ENV):

@@ -45,3 +45,21 @@ def test_a_bad_command_line_under_json_is_a_json_usage_error(capsys):
     error = json.loads(out.out)["error"]
     assert (error["code"], error["name"]) == (2, "usage")
     assert "--cost" in error["message"] and "--cost" in out.err
+
+
+@pytest.mark.parametrize(
+    ("argv", "said"),
+    [
+        (["drill", "--json", "--", "/bin/true"], "has no {run_dir} argument"),
+        (["drill", "--json", "--kills", "0"], "kills >= 1"),
+        (["drill", "--json", "--script", "x.py", "--", "cmd", "{run_dir}"], "--script"),
+    ],
+)
+def test_the_drills_usage_errors_under_json_are_json(capsys, argv, said):
+    try:
+        code = cli.main(argv)
+    except SystemExit as ended:  # argparse's own refusals end the process
+        code = ended.code
+    assert code == 2
+    error = json.loads(capsys.readouterr().out)["error"]
+    assert error["code"] == 2 and error["name"] == "usage" and said in error["message"]
