@@ -117,11 +117,11 @@ def _file(head: dict, data: bytes) -> bytes:
         ),
         (
             _file({"a": {"dtype": "Q9", "shape": [1], "data_offsets": [0, 4]}}, b"\0" * 4),
-            "malformed",
+            "of dtype 'Q9'",
         ),
         (
             _file({"a": {"dtype": "F32", "shape": [-1], "data_offsets": [0, 4]}}, b"\0" * 4),
-            "negative",
+            "integers >= 0",
         ),
         (_file([1, 2], b""), "not a JSON object"),
     ],
