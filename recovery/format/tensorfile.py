@@ -38,7 +38,7 @@ from typing import Any
 import torch
 
 from recovery import faults
-from recovery.errors import FormatError
+from recovery.errors import FormatError, TruncatedFileError
 from recovery.format import digests, safeheader
 from recovery.format.manifest import FileRecord
 
@@ -172,6 +172,9 @@ def read_hashed(
 
     Returns:
         ``(buffer, hex digest)``.
+
+    Raises:
+        TruncatedFileError: the file holds fewer bytes than ``size`` (it shrank while read).
     """
     h = digests.new(algorithm)
     buffer = torch.empty(size, dtype=torch.uint8)
@@ -201,7 +204,11 @@ def read_hashed(
         todo.put(None)
         thread.join()
     if got != size:
-        raise FormatError(f"{path}: expected {size} bytes, read {got}; the file changed while read")
+        raise TruncatedFileError(
+            f"{path}: expected {size} bytes, read {got}; the file shrank while it was read. "
+            "Resume from another checkpoint.",
+            path=path,
+        )
     return buffer, h.hexdigest()
 
 
