@@ -204,14 +204,23 @@ class Preempted(RecoveryError):
     Attributes:
         step: the step of the checkpoint written on the way out.
         signal_name: the signal that asked for it.
+        exit_status: the process's exit code, ``checkpoint.preempt_exit_code`` (75,
+            EX_TEMPFAIL, unless a scheduler retries only other codes).
     """
 
     def __init__(
-        self, message: str, *, step: int, signal_name: str, path: str | Path | None = None
+        self,
+        message: str,
+        *,
+        step: int,
+        signal_name: str,
+        path: str | Path | None = None,
+        exit_status: int = 75,
     ) -> None:
         super().__init__(message, path=path)
         self.step = step
         self.signal_name = signal_name
+        self.exit_status = exit_status
 
 
 class StorageError(RecoveryError, OSError):

@@ -33,7 +33,8 @@ EXIT_CODES: list[tuple[type[BaseException], int, str]] = [
     (
         errors.Preempted,
         75,
-        "preempted: checkpointed at the step boundary, requeue with +resume=latest",
+        "preempted: checkpointed at the step boundary, requeue with +resume=latest "
+        "(75 unless checkpoint.preempt_exit_code says otherwise)",
     ),
     (errors.ExportError, 22, "export failed its parity check; no artifact was left"),
     (errors.InexactResumeError, 30, "a resumed run redid a step differently (strict resume check)"),
@@ -58,7 +59,10 @@ EXIT_CODES: list[tuple[type[BaseException], int, str]] = [
 
 
 def exit_code(err: BaseException) -> int:
-    """The exit code for an error (1 for anything unlisted)."""
+    """The exit code for an error (1 for anything unlisted; a
+    :class:`~recovery.errors.Preempted` carries its own, ``checkpoint.preempt_exit_code``)."""
+    if isinstance(err, errors.Preempted):
+        return err.exit_status
     for cls, code, _ in EXIT_CODES:
         if isinstance(err, cls):
             return code

@@ -9,6 +9,7 @@ from typing import ClassVar
 from recovery.config.checks import (
     at_least,
     check_duration,
+    check_exit_code,
     check_signals,
     not_empty,
     one_of,
@@ -122,7 +123,12 @@ class CheckpointConfig:
     mtbf: str = "24h"
     """Mean time between failures for ``interval=auto`` (``90m``, ``24h``, ``2d``)."""
     preempt_signals: list[str] = field(default_factory=lambda: ["SIGTERM", "SIGUSR1"])
-    """Signals that mean "checkpoint at the next step boundary and exit 75"."""
+    """Signals that mean "checkpoint at the next step boundary and exit
+    ``preempt_exit_code``"."""
+    preempt_exit_code: int = 75
+    """The exit code of a preempted run ("checkpointed, requeue me"): 75 (EX_TEMPFAIL); 31
+    to 255, never one of recovery's own error codes (1 to 30). Kubeflow's ``restartPolicy:
+    ExitCode`` retries only 128 to 255: set e.g. 143 there."""
     dvc: DvcConfig = field(default_factory=DvcConfig)
     """DVC tracking of committed checkpoints."""
     keep_best: bool = False
@@ -170,6 +176,7 @@ class CheckpointConfig:
         one_of("checkpoint.hash", self.hash, ("sha256", "blake3"))
         check_duration("checkpoint.mtbf", self.mtbf, "24h")
         check_signals("checkpoint.preempt_signals", self.preempt_signals)
+        check_exit_code("checkpoint.preempt_exit_code", self.preempt_exit_code)
         not_empty("checkpoint.best_metric", self.best_metric, "val_loss")
         if self.hash == "blake3" and importlib.util.find_spec("blake3") is None:
             raise refuse(

@@ -22,6 +22,10 @@ SEED_MAX = 2**64 - 1
 UNCATCHABLE = frozenset({"SIGKILL", "SIGSTOP"})
 """Signals no handler can catch: never a preemption signal."""
 
+OWN_EXIT_CODES = range(1, 31)
+"""The exit codes recovery keeps for its errors (:mod:`recovery.exitcodes`; 2 is a usage
+error): never the exit code of a preemption, which a scheduler must tell apart from them."""
+
 
 def refuse(key: str, problem: str, example: object) -> ConfigError:
     """The one-line error for ``key``: ``<key>: <problem>; set e.g. <key>=<example>``.
@@ -121,6 +125,24 @@ def check_signals(key: str, names: Iterable[object]) -> None:
                 f"not SIGKILL or SIGSTOP), got {name!r}",
                 "[SIGTERM,SIGUSR1]",
             )
+
+
+def check_exit_code(key: str, value: object) -> None:
+    """Refuse ``value`` unless it is an integer exit code in 1 to 255 that is none of
+    :data:`OWN_EXIT_CODES`.
+
+    Raises:
+        ConfigError: naming ``key``, the allowed codes and ``value``.
+    """
+    valid = isinstance(value, int) and not isinstance(value, bool)
+    if not (valid and OWN_EXIT_CODES[-1] < value <= 255):  # type: ignore[operator]
+        raise refuse(
+            key,
+            f"expected an integer exit code in [{OWN_EXIT_CODES[-1] + 1}, 255] "
+            f"({OWN_EXIT_CODES[0]}-{OWN_EXIT_CODES[-1]} are recovery's own error codes), "
+            f"got {value!r}",
+            75,
+        )
 
 
 def parse_duration(text: str | float | int) -> float:

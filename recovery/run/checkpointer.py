@@ -318,4 +318,5 @@ class Checkpointer(Ending):
             step=step,
             signal_name=signal_name,
             path=self.run_dir / step_dir_name(step),
+            exit_status=self.cfg.preempt_exit_code,
         )

@@ -6,9 +6,10 @@ the save in flight; and closing the run (costs recorded; the watch, lock,
 guard and journal the checkpointer made, released). As a context manager the
 checkpointer closes itself, and a library error leaving the block ends the
 process as ``recovery`` and ``train.py`` do: one line on stderr and the README's
-exit code (:mod:`recovery.exitcodes`; :class:`~recovery.errors.Preempted`: 75,
-"checkpointed, requeue me"), so an own loop needs no ``try``. A loop at module
-level without a with-block gets the same from :meth:`Ending.exit_on_error`.
+exit code (:mod:`recovery.exitcodes`; :class:`~recovery.errors.Preempted`:
+``checkpoint.preempt_exit_code``, 75 by default, "checkpointed, requeue me"), so an
+own loop needs no ``try``. A loop at module level without a with-block gets the same
+from :meth:`Ending.exit_on_error`.
 """
 
 from __future__ import annotations
@@ -33,7 +34,6 @@ from recovery.provenance import lineage
 from recovery.run import retention
 from recovery.run.cadence import Cadence
 from recovery.run.job import SaveJob
-from recovery.run.preemption import REQUEUE_EXIT
 from recovery.run.restoring import Restoring
 from recovery.run.savers import Cost, Inline
 from recovery.storage import tracking
@@ -142,7 +142,8 @@ class Ending(Restoring):
         tb: TracebackType | None,
     ) -> None:
         """Close; a library error leaving the block ends the process with its exit code and
-        one line (:class:`~recovery.errors.Preempted`: 75); anything else propagates."""
+        one line (:class:`~recovery.errors.Preempted`: ``checkpoint.preempt_exit_code``);
+        anything else propagates."""
         try:
             self.close()
         except RecoveryError as failed:  # the last background save failed
@@ -187,4 +188,4 @@ def _one_line(err: RecoveryError) -> int:
     else:
         first = str(err).splitlines()[0] if str(err) else type(err).__name__
         log.error("error: %s (exit %d)", first, code)
-    return REQUEUE_EXIT if isinstance(err, Preempted) else code
+    return code

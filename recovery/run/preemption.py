@@ -3,7 +3,8 @@
 The first signal only sets a flag; the training loop sees it at the next step
 boundary, where the checkpointer flushes any save in flight, writes one more
 checkpoint synchronously and stops the run with
-:class:`~recovery.errors.Preempted` (exit code 75, "checkpointed, requeue me").
+:class:`~recovery.errors.Preempted` (exit code ``checkpoint.preempt_exit_code``, 75 by
+default: "checkpointed, requeue me").
 A second signal exits at once (128 + signal number): nothing committed can be
 damaged, since a half-written save is only ever a temp directory that the next
 start removes.
@@ -25,9 +26,6 @@ from typing import Any
 from recovery.errors import ConfigError
 
 log = logging.getLogger(__name__)
-
-REQUEUE_EXIT = 75
-"""The exit status of a preempted run: checkpointed, requeue the same command."""
 
 
 class PreemptionGuard:

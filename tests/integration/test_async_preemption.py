@@ -35,17 +35,20 @@ def test_sigkill_during_a_background_write_falls_back_bit_identical(
     assert_same_run(reference, second.run_dir, trust)
 
 
-def test_sigterm_checkpoints_at_the_next_step_and_exits_75(
+def test_sigterm_checkpoints_at_the_next_step_and_exits_the_configured_code(
     tmp_path, trainer, reference, trust, signer
 ):
-    first = trainer(
-        tmp_path, "checkpoint.async=true", pause_at="step-45", signals=(signal.SIGTERM,)
-    )
-    assert first.returncode == 75, first.output
+    # 143, as a Kubeflow PyTorchJob needs (restartPolicy ExitCode retries 128-255 only);
+    # the default 75 is exited by the own loop (test_own_loop_exits) and torchrun's ranks
+    # (test_distributed_async)
+    job = ("checkpoint.async=true", "checkpoint.preempt_exit_code=143")
+    first = trainer(tmp_path, *job, pause_at="step-45", signals=(signal.SIGTERM,))
+    assert first.returncode == 143, first.output
     assert "preempted: SIGTERM: checkpointed step 46" in first.output
+    assert "second preemption signal" not in first.output  # 143 by choice, not 128+SIGTERM
     assert [s for s, _ in scan(first.run_dir).committed] == [30, 40, 46]  # keep_last=3
     assert cli.main(["verify", str(first.run_dir / step_dir_name(46)), *trusted(signer)]) == 0
-    second = trainer(tmp_path, "checkpoint.async=true", "+resume=latest")
+    second = trainer(tmp_path, *job, "+resume=latest")
     assert second.returncode == 0, second.output
     resumes = [r for r in read(second.run_dir / "metrics.jsonl") if r.get("event") == "resume"]
     assert resumes[-1]["step"] == 46
