@@ -1,0 +1,120 @@
+"""train.py under a real SLURM (tests/integration/slurm_cluster.py), submitted with the
+sbatch script users copy (examples/slurm/train.sbatch): a job requeued mid-run comes back
+by itself and finishes bit-identical to an uninterrupted run; array tasks keep their runs."""
+
+from __future__ import annotations
+
+import sys
+import time
+from collections.abc import Iterator
+from pathlib import Path
+
+import pytest
+
+from recovery import faults
+from recovery.format.layout import METRICS_FILE, scan
+from recovery.integrity.trust import KEY_ENV
+from recovery.run.journal import read
+from tests.integration.conftest import ROOT, SMALL, assert_same_run
+from tests.integration.slurm_cluster import SlurmCluster, running
+
+pytestmark = pytest.mark.integration
+
+SCRIPT = ROOT / "examples" / "slurm" / "train.sbatch"
+# the script names the run after the job; every other SMALL setting is passed through
+OVERRIDES = [o for o in SMALL if not o.startswith("run.name=")]
+
+
+@pytest.fixture(scope="session")
+def slurm() -> Iterator[SlurmCluster]:
+    """One private SLURM for the session (each xdist worker that needs it starts its own)."""
+    with running() as cluster:
+        yield cluster
+
+
+def submit(
+    cluster: SlurmCluster,
+    where: Path,
+    data_root: Path,
+    signer,
+    *overrides: str,
+    env_extra: dict[str, str] | None = None,
+    **opts,
+) -> str:
+    """examples/slurm/train.sbatch on SMALL (plus ``overrides``), run from the project root
+    by this venv's python with this checkout on PYTHONPATH, its runs under ``where``; the
+    job gets this environment (sbatch exports it) with ``env_extra``."""
+    env = {"PYTHON": sys.executable, "PYTHONPATH": str(ROOT), "PYTHONUNBUFFERED": "1"}
+    env |= {KEY_ENV: str(signer.path), **(env_extra or {})}
+    return cluster.sbatch(
+        SCRIPT,
+        f"checkpoint.root={where}",
+        f"recipe.data.root={data_root}",
+        *OVERRIDES,
+        *overrides,
+        env=env,
+        chdir=ROOT,
+        **opts,
+    )
+
+
+def wait_for(path: Path, text: str | None, cluster: SlurmCluster, job: str) -> None:
+    """Until ``path`` exists (and holds ``text``), failing at once if ``job`` ended."""
+    end = time.monotonic() + 60
+    while not (path.exists() and (text is None or text in path.read_text())):
+        state = cluster.state(job)
+        assert state in ("PENDING", "RUNNING", "COMPLETING"), f"job {job} {state}"
+        assert time.monotonic() < end, f"no {text or path} after 60 s"
+        time.sleep(0.05)
+
+
+def test_a_job_requeued_mid_run_comes_back_by_itself_bit_identical(
+    tmp_path, slurm, reference, data_root, signer, trust
+):
+    out = tmp_path / "job.out"
+    mark, release = tmp_path / "paused.mark", tmp_path / "release"
+    # paused after step 20 (its checkpoint committed), so that the requeue lands mid-run
+    pause = {faults.PAUSE_ENV: "step-20", faults.MARK_ENV: str(mark)}
+    pause[faults.RELEASE_ENV] = str(release)
+    job = submit(slurm, tmp_path, data_root, signer, env_extra=pause, output=out)
+    wait_for(mark, None, slurm, job)
+    slurm.requeue(job)
+    wait_for(out, "SIGTERM received", slurm, job)  # SLURM's SIGTERM, caught while paused
+    release.touch()
+    slurm.start_now(job)
+    assert slurm.wait(job) == "COMPLETED", out.read_text()
+    log = out.read_text()
+    assert "SLURM_RESTART_COUNT=0" in log and "SLURM_RESTART_COUNT=1" in log
+    assert slurm.show(job)["Restarts"] == "1"
+    run_dir = tmp_path / f"slurm-{job}"  # the same run directory both times
+    journal = read(run_dir / METRICS_FILE)
+    preempted = [r for r in journal if r.get("event") == "preempted"]
+    assert [(r["signal"], r["step"]) for r in preempted] == [("SIGTERM", 21)]
+    assert [r["step"] for r in journal if r.get("event") == "resume"] == [21]
+    assert_same_run(reference, run_dir, trust)
+
+
+def test_the_tasks_of_a_job_array_keep_separate_runs(tmp_path, slurm, data_root, signer):
+    steps = [o for o in OVERRIDES if not o.startswith("train.steps=")]
+    array = submit(
+        slurm,
+        tmp_path,
+        data_root,
+        signer,
+        *steps,
+        "train.steps=20",
+        output=tmp_path / "%A_%a.out",
+        array="0-1",
+    )
+    for task in (0, 1):
+        assert slurm.wait(f"{array}_{task}") == "COMPLETED", (
+            tmp_path / f"{array}_{task}.out"
+        ).read_text()
+    runs = sorted(p.name for p in tmp_path.iterdir() if p.name.startswith("slurm-"))
+    assert runs == [f"slurm-{array}-0", f"slurm-{array}-1"]
+    for task in (0, 1):
+        run_dir = tmp_path / f"slurm-{array}-{task}"
+        assert [step for step, _ in scan(run_dir).committed] == [10, 20]
+        journal = read(run_dir / METRICS_FILE)
+        # every step once: the two tasks never wrote into one run
+        assert [r["step"] for r in journal if "loss" in r] == list(range(1, 21))
