@@ -23,8 +23,8 @@ from recovery.run.history import BEGIN_EVENTS
 from recovery.run.journal import is_step
 
 COMPLETED, PREEMPTED, ENDED = "completed", "preempted", "ended without a summary"
-"""How a process ended: its ``run_summary``; a preemption (exit 75); neither (a SIGKILL, a
-crash, or still running: the journal cannot tell which)."""
+"""How a process ended: its ``run_summary``; a preemption (``checkpoint.preempt_exit_code``);
+neither (a SIGKILL, a crash, or still running: the journal cannot tell which)."""
 
 
 @dataclass
