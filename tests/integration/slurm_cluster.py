@@ -82,10 +82,12 @@ class SlurmCluster:
         self.run("scontrol", "requeue", job)
 
     def start_now(self, job: str) -> None:
-        """Once a requeued ``job`` is pending, start it at once: it would otherwise be
-        held for cred_expire + 1 s (11 s here, 121 s with SLURM's default)."""
+        """Once a requeued ``job`` is pending, start it in 2 s rather than after the
+        cred_expire + 1 s (11 s here, 121 s by default) SLURM holds it for. Not at once:
+        slurmd revoked the job's credentials when it ended the old run, to the second, and
+        refuses ("Job credential revoked", the job FAILED) a launch in that same second."""
         self.wait(job, ("PENDING",))
-        self.run("scontrol", "update", f"JobId={job}", "StartTime=now")
+        self.run("scontrol", "update", f"JobId={job}", "StartTime=now+2")
 
 
 def _free_ports(n: int) -> list[int]:

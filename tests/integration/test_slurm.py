@@ -1,6 +1,7 @@
 """train.py under a real SLURM (tests/integration/slurm_cluster.py), submitted with the
-sbatch script users copy (examples/slurm/train.sbatch): a job requeued mid-run comes back
-by itself and finishes bit-identical to an uninterrupted run; array tasks keep their runs."""
+sbatch script users copy (examples/slurm/train.sbatch): a job requeued mid-run, by SLURM
+and by itself, comes back and finishes bit-identical to an uninterrupted run; the tasks of
+a job array keep separate runs."""
 
 from __future__ import annotations
 
@@ -71,26 +72,39 @@ def wait_for(path: Path, text: str | None, cluster: SlurmCluster, job: str) -> N
 def test_a_job_requeued_mid_run_comes_back_by_itself_bit_identical(
     tmp_path, slurm, reference, data_root, signer, trust
 ):
+    """Requeued twice: by ``scontrol requeue`` (SLURM's SIGTERM to every process), then by
+    the script itself after the time limit's lead signal (``--signal=B:USR1``, delivered
+    at once with ``scancel --batch``); each run checkpoints, and the third finishes."""
     out = tmp_path / "job.out"
     mark, release = tmp_path / "paused.mark", tmp_path / "release"
-    # paused after step 20 (its checkpoint committed), so that the requeue lands mid-run
-    pause = {faults.PAUSE_ENV: "step-20", faults.MARK_ENV: str(mark)}
+    # paused after steps 20 and 50 (their checkpoints committed): the kills land mid-run
+    pause = {faults.PAUSE_ENV: "step-20,step-50", faults.MARK_ENV: str(mark)}
     pause[faults.RELEASE_ENV] = str(release)
     job = submit(slurm, tmp_path, data_root, signer, env_extra=pause, output=out)
     wait_for(mark, None, slurm, job)
     slurm.requeue(job)
-    wait_for(out, "SIGTERM received", slurm, job)  # SLURM's SIGTERM, caught while paused
+    wait_for(out, "SIGTERM received", slurm, job)  # caught while paused at step 20
+    release.touch()
+    slurm.wait(job, ("PENDING",))
+    mark.unlink()
+    release.unlink()
+    slurm.start_now(job)
+    wait_for(mark, None, slurm, job)  # the second run, paused at step 50
+    slurm.run("scancel", "--batch", "--signal=USR1", job)
+    wait_for(out, "SIGUSR1 received", slurm, job)  # forwarded by the script to train.py
     release.touch()
     slurm.start_now(job)
     assert slurm.wait(job) == "COMPLETED", out.read_text()
     log = out.read_text()
-    assert "SLURM_RESTART_COUNT=0" in log and "SLURM_RESTART_COUNT=1" in log
-    assert slurm.show(job)["Restarts"] == "1"
-    run_dir = tmp_path / f"slurm-{job}"  # the same run directory both times
+    for restart in (0, 1, 2):
+        assert f"SLURM_RESTART_COUNT={restart}" in log
+    assert f"requeueing job {job}" in log
+    assert slurm.show(job)["Restarts"] == "2"
+    run_dir = tmp_path / f"slurm-{job}"  # the same run directory every time
     journal = read(run_dir / METRICS_FILE)
-    preempted = [r for r in journal if r.get("event") == "preempted"]
-    assert [(r["signal"], r["step"]) for r in preempted] == [("SIGTERM", 21)]
-    assert [r["step"] for r in journal if r.get("event") == "resume"] == [21]
+    preempted = [(r["signal"], r["step"]) for r in journal if r.get("event") == "preempted"]
+    assert preempted == [("SIGTERM", 21), ("SIGUSR1", 51)]
+    assert [r["step"] for r in journal if r.get("event") == "resume"] == [21, 51]
     assert_same_run(reference, run_dir, trust)
 
 
