@@ -129,7 +129,17 @@ MAKE_TARGETS = set(re.findall(r"^([\w-]+):", (TOP / "Makefile").read_text(), fla
 EXTRAS = set(
     tomllib.loads((TOP / "pyproject.toml").read_text())["project"]["optional-dependencies"]
 )
-PROGRAMS = {"dvc", "tensorboard", "model_signing", "echo", "git", "openssl", "sha256sum", "pytest"}
+PROGRAMS = {
+    "dvc",
+    "tensorboard",
+    "model_signing",
+    "echo",
+    "git",
+    "openssl",
+    "sha256sum",
+    "pytest",
+    "sbatch",  # SLURM: installed by .ci/run for the tests of examples/slurm
+}
 
 
 def check_train_py(where: str, argv: list[str]) -> None:
