@@ -62,17 +62,6 @@ def _usage(args: argparse.Namespace, message: str) -> int:
     return USAGE
 
 
-def _kills(value: str) -> int:
-    """``--kills``: a drill that kills nothing proves nothing."""
-    try:
-        kills = int(value)
-    except ValueError:
-        kills = 0
-    if kills < 1:
-        raise argparse.ArgumentTypeError(f"expected a whole number of kills >= 1, got {value!r}")
-    return kills
-
-
 def _page(out: Path, report: Report) -> str | None:
     """Write ``drill.html`` beside ``drill.png`` (none without matplotlib, as the plot)."""
     if report.plot is None:
@@ -153,6 +142,11 @@ def _drill_command(args: argparse.Namespace, command: list[str]) -> int:
 
 
 def cmd_drill(args: argparse.Namespace) -> int:
+    if args.kills < 1 and not args.preflight:  # a drill that kills nothing proves nothing
+        raise errors.ConfigError(
+            f"drill --kills: expected a whole number of kills >= 1, got {args.kills}; "
+            f"set e.g. --kills {KILLS}"
+        )
     from recovery.tools import drill
 
     if args.preflight:
@@ -215,7 +209,7 @@ def register(sub: Any) -> None:
     )
     p.add_argument(
         "--kills",
-        type=_kills,
+        type=int,
         default=KILLS,
         help=f"SIGKILLs at random points (default {KILLS}; a thorough drill: --kills 20 "
         "train.steps=1200 checkpoint.every_steps=200)",

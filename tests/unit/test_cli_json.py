@@ -51,7 +51,6 @@ def test_a_bad_command_line_under_json_is_a_json_usage_error(capsys):
     ("argv", "said"),
     [
         (["drill", "--json", "--", "/bin/true"], "has no {run_dir} argument"),
-        (["drill", "--json", "--kills", "0"], "kills >= 1"),
         (["drill", "--json", "--script", "x.py", "--", "cmd", "{run_dir}"], "--script"),
     ],
 )
@@ -63,3 +62,11 @@ def test_the_drills_usage_errors_under_json_are_json(capsys, argv, said):
     assert code == 2
     error = json.loads(capsys.readouterr().out)["error"]
     assert error["code"] == 2 and error["name"] == "usage" and said in error["message"]
+
+
+def test_a_drill_that_kills_nothing_is_refused_in_one_line_as_a_config_error(capsys):
+    assert cli.main(["drill", "--json", "--kills", "0"]) == 12
+    out = capsys.readouterr()
+    error = json.loads(out.out)["error"]
+    assert error["code"] == 12 and "--kills" in error["message"] and "kills >= 1" in out.err
+    assert len(out.err.strip().splitlines()) == 1
