@@ -26,6 +26,7 @@ from recovery.config.checks import (
     parse_duration,
     refuse,
 )
+from recovery.config.cluster import ClusterConfig
 from recovery.config.groups import (
     BACKTESTS,
     STRATEGIES,
@@ -44,6 +45,7 @@ __all__ = [
     "STRATEGIES",
     "TIMING_KEYS",
     "CheckpointConfig",
+    "ClusterConfig",
     "DifferentialConfig",
     "DistConfig",
     "DrillConfig",

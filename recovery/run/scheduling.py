@@ -1,0 +1,84 @@
+"""The scheduler's part of :class:`~recovery.run.checkpointer.Checkpointer`: a start under
+a SLURM job is journaled, and a preempted run may requeue its own job.
+
+At each start under a scheduler (``checkpoint.cluster.scheduler``, :mod:`recovery.run.scheduler`)
+rank 0 journals one informational ``job`` event once the run has begun: the job id,
+its restart count, the node, and how the process before stopped as the journal
+recorded it (time limit, preempted/requeued, killed, ended). After a checkpointed
+preemption, :meth:`Scheduled.requeue_after` requeues the job when
+``checkpoint.cluster.requeue`` asks (:mod:`recovery.run.requeue`); the with-block and
+:meth:`~recovery.run.ending.Ending.exit_on_error` call it once the checkpointer is
+closed.
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+from functools import cached_property
+from typing import Any
+
+from recovery.errors import Preempted
+from recovery.run import requeue, scheduler
+from recovery.run.journal import read
+from recovery.run.restoring import Restoring
+from recovery.state.registry import TrainState
+
+log = logging.getLogger(__name__)
+
+
+class Scheduled(Restoring):
+    """Journals a start under a scheduler job; requeues the job after a preemption."""
+
+    _requeued: bool = False
+
+    @cached_property
+    def job(self) -> scheduler.Job | None:
+        """This process's scheduler job (``None``: none, or ``checkpoint.cluster.scheduler=none``).
+
+        Raises:
+            ConfigError: ``checkpoint.cluster.scheduler=slurm`` outside a SLURM job.
+        """
+        return scheduler.detect(os.environ, self.cfg.cluster.scheduler)
+
+    def restore(
+        self,
+        state: TrainState,
+        resume_spec: object | None = None,
+        *,
+        init_from: object | None = None,
+    ) -> int:
+        """:meth:`Restoring.restore <recovery.run.restoring.Restoring.restore>`; then, under
+        a scheduler job, the ``job`` event (rank 0)."""
+        job = self.job  # a refused scheduler=slurm refuses before anything is touched
+        before = self._previous_stop() if job is not None and self.world.leader else None
+        step = super().restore(state, resume_spec, init_from=init_from)
+        if job is not None:
+            self._event(scheduler.event(job, before, step))
+            if job.restart or before is not None:
+                log.info(
+                    "%s: %s", job.describe, scheduler.describe(scheduler.event(job, before, step))
+                )
+        return step
+
+    def _previous_stop(self) -> tuple[str, str | None] | None:
+        path = self._journal_path()
+        records: list[dict[str, Any]] = read(path) if path.is_file() else []
+        return scheduler.previous_stop(records, self.cfg.cluster.time_limit_signal)
+
+    def requeue_after(self, err: BaseException | None) -> bool:
+        """After ``err`` ended the run: when it is a checkpointed preemption that
+        ``checkpoint.cluster.requeue`` requeues, requeue this job (rank 0, once); call it
+        after :meth:`close` and after the journal is closed (``scontrol requeue`` sends
+        this process SIGTERM, which it ignores from then on). ``True``: requeued."""
+        job = self.job
+        if (
+            not isinstance(err, Preempted)
+            or job is None
+            or self._requeued
+            or not self.world.leader
+            or not scheduler.should_requeue(self.cfg.cluster, err.signal_name)
+        ):
+            return False
+        self._requeued = True
+        return requeue.requeue(job, also_ignore=self.cfg.preempt_signals)
