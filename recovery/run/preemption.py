@@ -5,27 +5,71 @@ boundary, where the checkpointer flushes any save in flight, writes one more
 checkpoint synchronously and stops the run with
 :class:`~recovery.errors.Preempted` (exit code ``checkpoint.preempt_exit_code``, 75 by
 default: "checkpointed, requeue me").
-A second signal exits at once (128 + signal number): nothing committed can be
-damaged, since a half-written save is only ever a temp directory that the next
-start removes.
+
+Signals arriving within :data:`SAME_REQUEST_S` of the first are the same request:
+a scheduler's notice often reaches a process twice (SLURM sends SIGTERM to every
+process of a job, and a wrapper in between, torchrun's agent or a job script,
+forwards its own copy; submitit's preemption sends SIGTERM and then SIGUSR2).
+A signal after that window exits at once (128 + signal number): someone insists,
+and nothing committed can be damaged, since a half-written save is only ever a
+temp directory that the next start removes.
 
 Rejected: saving inside the signal handler. The handler runs between two
 arbitrary bytecodes, possibly in the middle of an optimizer step, which is
-not a state the run was ever in.
+not a state the run was ever in. A handler that was installed before the guard
+(submitit's, which calls ``checkpoint()`` and requeues the job) is therefore
+called only after the run has checkpointed and closed, by :func:`handing_over`.
 """
 
 from __future__ import annotations
 
+import contextlib
 import logging
 import os
 import signal
-from collections.abc import Sequence
+import time
+from collections.abc import Callable, Iterator, Sequence
 from types import FrameType
-from typing import Any
+from typing import Any, Literal
 
 from recovery.errors import ConfigError
 
 log = logging.getLogger(__name__)
+
+SAME_REQUEST_S = 2.0
+"""Signals this close (seconds) after the first preemption signal are the same request.
+
+A constant, not a setting: it only has to cover one notice delivered twice, by the
+scheduler and by a wrapper that forwards it (measured on SLURM 22.05 here:
+submitit's SIGTERM then SIGUSR2, two ``scancel`` calls, arrive about 0.1 s apart;
+torchrun's agent forwards SIGTERM to its ranks within its monitor interval, 0.1 s),
+and be short enough that a second ``scancel`` from an impatient user still ends
+the run at once."""
+
+Handler = Callable[[int, FrameType | None], Any] | int | signal.Handlers | None
+
+_handovers: list[tuple[signal.Signals, Handler]] | None = None
+"""While :func:`handing_over` is active: the handlers that guards replaced for the
+signals they caught, in arrival order."""
+
+
+def classify(
+    first_at: float | None, now: float, window_s: float = SAME_REQUEST_S
+) -> Literal["first", "same", "again"]:
+    """What a preemption signal arriving at ``now`` is.
+
+    Args:
+        first_at: when the first signal of the run arrived (``None``: none yet).
+        now: when this one arrived (same clock).
+        window_s: how long after the first a signal is still the same request.
+
+    Returns:
+        ``"first"``: a new request; ``"same"``: part of the request already made;
+        ``"again"``: a second request, which exits the process at once.
+    """
+    if first_at is None:
+        return "first"
+    return "same" if now - first_at <= window_s else "again"
 
 
 class PreemptionGuard:
@@ -33,9 +77,18 @@ class PreemptionGuard:
 
     Args:
         names: signal names, e.g. ``["SIGTERM", "SIGUSR1"]``.
+        window_s: signals within this many seconds of the first count as one
+            request (:data:`SAME_REQUEST_S`); a later one exits at once.
+        clock: the time source of the window (a test's fake clock).
     """
 
-    def __init__(self, names: Sequence[str]) -> None:
+    def __init__(
+        self,
+        names: Sequence[str],
+        *,
+        window_s: float = SAME_REQUEST_S,
+        clock: Callable[[], float] = time.monotonic,
+    ) -> None:
         self.signals: list[signal.Signals] = []
         for name in names:
             try:
@@ -43,7 +96,13 @@ class PreemptionGuard:
             except KeyError:
                 raise ConfigError(f"checkpoint.preempt_signals: unknown signal {name!r}") from None
         self.requested: str | None = None
-        self._previous: dict[signal.Signals, Any] = {}
+        """The first signal's name, once one arrived."""
+        self.received: list[signal.Signals] = []
+        """Every signal of the request, in arrival order (the first included)."""
+        self.window_s = window_s
+        self._clock = clock
+        self._first_at: float | None = None
+        self._previous: dict[signal.Signals, Handler] = {}
 
     def install(self) -> PreemptionGuard:
         """Install the handlers (main thread only); returns self."""
@@ -52,18 +111,65 @@ class PreemptionGuard:
         return self
 
     def uninstall(self) -> None:
-        """Restore the handlers that were there before."""
+        """Restore the handlers that were there before.
+
+        Inside :func:`handing_over`, the handlers it restores for the signals it
+        caught are remembered, to be called when that block ends.
+        """
+        if _handovers is not None:
+            _handovers.extend(
+                (sig, self._previous[sig]) for sig in self.received if sig in self._previous
+            )
         for sig, handler in self._previous.items():
             signal.signal(sig, handler)
         self._previous.clear()
 
     def _handle(self, signum: int, frame: FrameType | None) -> None:
-        name = signal.Signals(signum).name
-        if self.requested is not None:
+        sig, now = signal.Signals(signum), self._clock()
+        kind = classify(self._first_at, now, self.window_s)
+        if kind == "again":
             log.error(
-                "second preemption signal (%s): exiting now; committed checkpoints are intact", name
+                "second preemption signal (%s): exiting now; committed checkpoints are intact",
+                sig.name,
             )
             logging.shutdown()
             os._exit(128 + signum)
-        self.requested = name
-        log.warning("%s received: will checkpoint at the next step boundary and exit", name)
+        self.received.append(sig)
+        if kind == "same":
+            log.info(
+                "%s within %g s of %s: the same preemption", sig.name, self.window_s, self.requested
+            )
+            return
+        self._first_at, self.requested = now, sig.name
+        log.warning("%s received: will checkpoint at the next step boundary and exit", sig.name)
+
+
+@contextlib.contextmanager
+def handing_over() -> Iterator[None]:
+    """Pass the signals a guard caught on to the handlers it had replaced, once the
+    run inside this block has ended (checkpointed and closed, or failed).
+
+    For a scheduler's client that handles the same signal itself: submitit's handler
+    for its preemption signal calls the job's ``checkpoint()`` and requeues the job,
+    which must happen after the checkpoint of the step boundary, not in the middle of
+    a step (:mod:`recovery.run.submitit`). Only Python handlers are called, each
+    once per signal the guard received, in arrival order; ``SIG_DFL`` and ``SIG_IGN``
+    are left alone (a preempted run exits with its own code). Whatever such a handler
+    raises (submitit: ``SystemExit`` after the requeue) leaves the block instead of
+    what was leaving it. Main thread only; inside another such block it does nothing
+    (the outer block hands over).
+    """
+    global _handovers
+    if _handovers is not None:
+        yield
+        return
+    handed: list[tuple[signal.Signals, Handler]] = []
+    _handovers = handed
+    try:
+        yield
+    finally:
+        _handovers = None
+        for sig, handler in handed:
+            if callable(handler):
+                log.info("handing %s over to the handler installed before the guard", sig.name)
+                handler(int(sig), None)

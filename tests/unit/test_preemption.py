@@ -1,0 +1,170 @@
+"""The preemption guard: signals close together are one request, a later one exits at once;
+the signals it caught are handed over to the handlers it replaced (submitit's) only after
+the run; the submitit base class turns a preemption into the process's exit code."""
+
+from __future__ import annotations
+
+import os
+import signal
+import subprocess
+import sys
+import textwrap
+
+import pytest
+
+from recovery.errors import Preempted
+from recovery.run import preemption
+from recovery.run.preemption import PreemptionGuard, classify
+from recovery.run.submitit import Requeueable, preempt_signals
+
+
+@pytest.mark.parametrize(
+    ("first_at", "now", "window", "kind"),
+    [
+        (None, 5.0, 2.0, "first"),
+        (10.0, 10.0, 2.0, "same"),  # delivered twice at once (SLURM and a wrapper)
+        (10.0, 11.9, 2.0, "same"),
+        (10.0, 12.0, 2.0, "same"),  # the window's end still counts
+        (10.0, 12.01, 2.0, "again"),
+        (10.0, 60.0, 2.0, "again"),
+        (10.0, 10.0, 0.0, "same"),  # a window of 0: only simultaneous signals are one
+        (10.0, 10.1, 0.0, "again"),
+    ],
+)
+def test_a_signal_is_a_new_request_the_same_one_or_a_second(first_at, now, window, kind):
+    assert classify(first_at, now, window) == kind
+
+
+@pytest.fixture
+def usr2_recorder():
+    """SIGUSR2 and SIGUSR1 handled by a recorder (what submitit installs before the run)."""
+    calls: list[int] = []
+    before = {s: signal.getsignal(s) for s in (signal.SIGUSR1, signal.SIGUSR2)}
+    for s in before:
+        signal.signal(s, lambda signum, frame: calls.append(signum))
+    yield calls
+    for s, handler in before.items():
+        signal.signal(s, handler)
+
+
+def test_signals_within_the_window_are_one_request(usr2_recorder):
+    now = [100.0]
+    guard = PreemptionGuard(["SIGUSR1", "SIGUSR2"], window_s=1.0, clock=lambda: now[0])
+    guard.install()
+    try:
+        os.kill(os.getpid(), signal.SIGUSR1)
+        now[0] += 0.9
+        os.kill(os.getpid(), signal.SIGUSR2)  # within the window: no exit
+    finally:
+        guard.uninstall()
+    assert guard.requested == "SIGUSR1"
+    assert guard.received == [signal.SIGUSR1, signal.SIGUSR2]
+    assert usr2_recorder == []  # nothing handed over outside handing_over()
+
+
+def test_the_caught_signals_go_to_the_replaced_handlers_after_the_run(usr2_recorder):
+    guard = PreemptionGuard(["SIGUSR2", "SIGUSR1"])
+    with preemption.handing_over():
+        guard.install()
+        os.kill(os.getpid(), signal.SIGUSR2)
+        os.kill(os.getpid(), signal.SIGUSR1)
+        assert usr2_recorder == []  # not while the run goes on
+        guard.uninstall()
+        assert usr2_recorder == []  # not while it closes
+    assert usr2_recorder == [signal.SIGUSR2, signal.SIGUSR1]  # arrival order
+    assert signal.getsignal(signal.SIGUSR2) is not guard._handle
+
+
+def test_nothing_is_handed_over_without_a_signal_or_to_a_default_handler(usr2_recorder):
+    before = signal.getsignal(signal.SIGTERM)
+    signal.signal(signal.SIGTERM, signal.SIG_IGN)
+    try:
+        quiet = PreemptionGuard(["SIGUSR2"])
+        with preemption.handing_over():
+            quiet.install().uninstall()
+        termed = PreemptionGuard(["SIGTERM"])
+        with preemption.handing_over():
+            termed.install()
+            os.kill(os.getpid(), signal.SIGTERM)
+            termed.uninstall()
+        assert termed.requested == "SIGTERM"
+    finally:
+        signal.signal(signal.SIGTERM, before)
+    assert usr2_recorder == []
+
+
+def test_what_the_replaced_handler_raises_leaves_the_block(usr2_recorder):
+    def requeue(signum, frame):  # submitit's: checkpoint(), scontrol requeue, sys.exit(-1)
+        raise SystemExit(-1)
+
+    signal.signal(signal.SIGUSR2, requeue)
+    guard = PreemptionGuard(["SIGUSR2"])
+    with pytest.raises(SystemExit) as stop, preemption.handing_over():
+        guard.install()
+        os.kill(os.getpid(), signal.SIGUSR2)
+        guard.uninstall()
+        raise SystemExit(75)  # the preempted run's own exit
+    assert stop.value.code == -1
+
+
+GUARDED = """
+import os, signal, sys, time
+from recovery.run.preemption import PreemptionGuard
+guard = PreemptionGuard(["SIGTERM", "SIGUSR1"], window_s={window}).install()
+for sig, pause in {plan}:
+    os.kill(os.getpid(), sig)
+    time.sleep(pause)
+print("requested", guard.requested, [s.name for s in guard.received], flush=True)
+"""
+
+
+@pytest.mark.parametrize(
+    ("plan", "code"),
+    [
+        # a forwarded copy 0.1 s after SLURM's: one request, the run goes on to checkpoint
+        ([(signal.SIGTERM, 0.1), (signal.SIGUSR1, 0.0)], 0),
+        # a second signal after the window: exits at once, 128 + its number
+        ([(signal.SIGTERM, 0.6), (signal.SIGUSR1, 0.0)], 128 + signal.SIGUSR1),
+    ],
+)
+def test_real_signals_to_a_process(plan, code):
+    script = GUARDED.format(window=0.4, plan=[(int(s), p) for s, p in plan])
+    done = subprocess.run(
+        [sys.executable, "-c", textwrap.dedent(script)],
+        capture_output=True,
+        text=True,
+        timeout=60,
+    )
+    assert done.returncode == code, done.stderr
+    if code:
+        assert "second preemption signal (SIGUSR1)" in done.stderr
+        assert "requested" not in done.stdout
+    else:
+        assert done.stdout == "requested SIGTERM ['SIGTERM', 'SIGUSR1']\n"
+
+
+class Job(Requeueable):
+    def run(self, steps: int, *, resume: str) -> int:
+        if steps > 10:
+            raise Preempted("stopped", step=10, signal_name="SIGUSR2", exit_status=143)
+        return steps
+
+
+def test_a_requeueable_job_resubmits_the_same_call_and_exits_preempted_with_its_code():
+    from submitit.helpers import DelayedSubmission
+
+    job = Job()
+    assert job(5, resume="latest") == 5
+    with pytest.raises(SystemExit) as stop:
+        job(20, resume="latest")
+    assert stop.value.code == 143
+    again = job.checkpoint(20, resume="latest")
+    assert isinstance(again, DelayedSubmission)
+    assert (again.function, again.args, again.kwargs) == (job, (20,), {"resume": "latest"})
+
+
+def test_the_signals_a_submitit_run_catches(monkeypatch):
+    monkeypatch.delenv("SUBMITIT_PREEMPT_SIGNAL", raising=False)
+    assert preempt_signals() == ["SIGUSR2", "SIGTERM"]
+    monkeypatch.setenv("SUBMITIT_PREEMPT_SIGNAL", "USR1")
+    assert preempt_signals() == ["SIGUSR1", "SIGTERM"]
