@@ -14,6 +14,8 @@ from recovery.config import CheckpointConfig, ClusterConfig
 from recovery.errors import ConfigError, Preempted
 from recovery.run.checkpointer import Checkpointer
 from recovery.run.journal import read
+from recovery.tools.report.page import requeued
+from recovery.tools.report.tables import resumes_table
 from tests.conftest import tiny_state, train_steps
 
 JOB = {"SLURM_JOB_ID": "77", "SLURM_JOB_NAME": "own", "SLURMD_NODENAME": "n1"}
@@ -82,6 +84,14 @@ def test_each_start_in_a_job_journals_its_restart_and_the_stop_before(
         "resumed at step 3 from step-00000003: not compared; "
         "SLURM job 77 restart 2 after time limit (SIGUSR1)",
     ]
+    told = run_story(tmp_path / "run")  # what recovery report shows of it
+    assert requeued(told) == ", 2 requeues of SLURM job 77"
+    assert [p.scheduled for p in told.processes] == [
+        "SLURM job 77 restart 0",
+        "SLURM job 77 restart 1 after killed (node failure or SIGKILL)",
+        "SLURM job 77 restart 2 after time limit (SIGUSR1)",
+    ]
+    assert "SLURM job 77 restart 2 after time limit (SIGUSR1)" in resumes_table(told)
 
 
 def test_outside_a_job_nothing_is_journaled_and_scheduler_slurm_refuses(
