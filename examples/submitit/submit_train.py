@@ -7,8 +7,9 @@ The job runs ``train.py +resume=latest`` in submitit's job process. submitit's
 preemption signal (SIGUSR2, 90 s before the time limit) and SLURM's SIGTERM are
 caught by train.py's preemption guard; it checkpoints at the next step boundary,
 and only then does submitit call ``checkpoint()`` and requeue the job, which resumes
-that checkpoint exactly (:class:`recovery.run.submitit.Requeueable`). The run is
-named after the SLURM job (``submitit-<job id>``), which a requeue keeps.
+that checkpoint exactly (:class:`recovery.run.submitit.Requeueable`). train.py names
+the run after the SLURM job (``slurm-<job id>``), which a requeue keeps; leave
+``checkpoint.cluster.requeue`` at ``never``: submitit requeues the job itself.
 """
 
 from __future__ import annotations
@@ -20,7 +21,7 @@ from pathlib import Path
 
 import submitit
 
-from recovery.run.submitit import Requeueable, preempt_signals
+from recovery.run.submitit import Requeueable, preemption_signal
 
 TRAIN = Path(__file__).resolve().parents[2] / "train.py"
 """The project's train.py (Hydra finds its conf/ beside it)."""
@@ -30,11 +31,14 @@ class TrainPy(Requeueable):
     """``python train.py +resume=latest OVERRIDES`` inside the submitit job's process."""
 
     def run(self, *overrides: str) -> None:
-        named = any(o.startswith("run.name=") for o in overrides)
-        # the job id survives a requeue: every restart continues the same run directory
-        name = [] if named else [f"run.name=submitit-{submitit.JobEnvironment().job_id}"]
-        signals = f"checkpoint.preempt_signals=[{','.join(preempt_signals())}]"
-        sys.argv = [str(TRAIN), "+resume=latest", signals, *name, *overrides]
+        usr = preemption_signal()  # SIGUSR2: submitit's, 90 s before the time limit
+        sys.argv = [
+            str(TRAIN),
+            "+resume=latest",
+            f"checkpoint.preempt_signals=[{usr},SIGTERM]",
+            f"checkpoint.cluster.time_limit_signal={usr}",  # journaled as "time limit"
+            *overrides,
+        ]
         sys.path.insert(0, str(TRAIN.parent))  # train.py imports the recipes beside it
         runpy.run_path(str(TRAIN), run_name="__main__")  # as `python train.py ...` would
 

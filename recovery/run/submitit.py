@@ -10,7 +10,7 @@ step the loop is in, where recovery never checkpoints
 
 :class:`Requeueable` puts the two in order. The run's preemption guard, installed
 over submitit's handlers, catches the signal (``checkpoint.preempt_signals`` must
-hold :func:`preempt_signals`); the loop checkpoints at the next step boundary and
+hold :func:`preemption_signal` and ``SIGTERM``); the loop checkpoints at the next step boundary and
 stops; when the run is closed, :class:`Requeueable` hands the signal over to
 submitit's handler (:func:`~recovery.run.preemption.handing_over`), whose
 ``checkpoint()`` resubmits the same call. Since that call resumes ``latest`` from
@@ -33,11 +33,13 @@ SIGNAL_ENV = "SUBMITIT_PREEMPT_SIGNAL"
 """submitit's own variable naming its preemption signal without ``SIG`` (``USR2``)."""
 
 
-def preempt_signals() -> list[str]:
-    """What ``checkpoint.preempt_signals`` holds under submitit: its preemption signal
-    (``SIGUSR2``, or what ``SUBMITIT_PREEMPT_SIGNAL`` names, as submitit reads it) and
-    ``SIGTERM`` (SLURM's notice that it preempts or requeues the job)."""
-    return [f"SIG{os.environ.get(SIGNAL_ENV, 'USR2')}", "SIGTERM"]
+def preemption_signal() -> str:
+    """submitit's preemption signal, as ``checkpoint.preempt_signals`` names it:
+    ``SIGUSR2``, or what ``SUBMITIT_PREEMPT_SIGNAL`` names (as submitit reads it).
+    ``checkpoint.preempt_signals`` holds it and ``SIGTERM`` (SLURM's notice that it
+    preempts or requeues the job); it is also the time limit's signal
+    (``checkpoint.cluster.time_limit_signal``), which submitit sends 90 s before it."""
+    return f"SIG{os.environ.get(SIGNAL_ENV, 'USR2')}"
 
 
 class Requeueable(abc.ABC):

@@ -24,7 +24,7 @@ from tests.integration.slurm_cluster import SlurmCluster, running
 pytestmark = pytest.mark.integration
 
 EXAMPLE = ROOT / "examples" / "submitit"
-OVERRIDES = [o for o in SMALL if not o.startswith("run.name=")]  # named after the job
+OVERRIDES = [o for o in SMALL if not o.startswith("run.name=")]  # train.py: slurm-<job id>
 
 
 @pytest.fixture(scope="module")
@@ -45,9 +45,10 @@ def wait_for(path: Path, text: str, cluster: SlurmCluster, job: str) -> str:
 
 
 def test_a_submitit_job_preempted_mid_step_checkpoints_then_requeues_bit_identical(
-    tmp_path, monkeypatch, slurm, reference, data_root, signer, trust
+    tmp_path, monkeypatch, request, slurm, reference, data_root, signer, trust
 ):
     monkeypatch.syspath_prepend(str(EXAMPLE))
+    request.addfinalizer(lambda: sys.modules.pop("submit_train", None))
     import submit_train  # the example; the job imports it by name (cloudpickle)
 
     mark, release = tmp_path / "paused.mark", tmp_path / "release"
@@ -85,10 +86,11 @@ def test_a_submitit_job_preempted_mid_step_checkpoints_then_requeues_bit_identic
     assert slurm.show(job.job_id)["Restarts"] == "1"
     with open(job.paths.result_pickle, "rb") as fh:  # submitit's own file
         assert pickle.load(fh) == ("success", None)
-    run_dir = tmp_path / f"submitit-{job.job_id}"
+    run_dir = tmp_path / f"slurm-{job.job_id}"  # train.py names it after the job
     journal = read(run_dir / METRICS_FILE)
     preempted = [(r["signal"], r["step"]) for r in journal if r.get("event") == "preempted"]
     assert preempted == [("SIGTERM", 21)]
     assert [r["step"] for r in journal if r.get("event") == "resume"] == [21]
+    jobs = [(r["restart"], r["previous_stop"]) for r in journal if r.get("event") == "job"]
+    assert jobs == [(0, None), (1, "preempted/requeued")]  # SIGTERM came first
     assert_same_run(reference, run_dir, trust)
-    del sys.modules["submit_train"]

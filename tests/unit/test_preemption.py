@@ -15,7 +15,7 @@ import pytest
 from recovery.errors import Preempted
 from recovery.run import preemption
 from recovery.run.preemption import PreemptionGuard, classify
-from recovery.run.submitit import Requeueable, preempt_signals
+from recovery.run.submitit import Requeueable, preemption_signal
 
 
 @pytest.mark.parametrize(
@@ -163,8 +163,8 @@ def test_a_requeueable_job_resubmits_the_same_call_and_exits_preempted_with_its_
     assert (again.function, again.args, again.kwargs) == (job, (20,), {"resume": "latest"})
 
 
-def test_the_signals_a_submitit_run_catches(monkeypatch):
+def test_the_signal_a_submitit_run_catches(monkeypatch):
     monkeypatch.delenv("SUBMITIT_PREEMPT_SIGNAL", raising=False)
-    assert preempt_signals() == ["SIGUSR2", "SIGTERM"]
+    assert preemption_signal() == "SIGUSR2"
     monkeypatch.setenv("SUBMITIT_PREEMPT_SIGNAL", "USR1")
-    assert preempt_signals() == ["SIGUSR1", "SIGTERM"]
+    assert preemption_signal() == "SIGUSR1"
