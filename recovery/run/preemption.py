@@ -9,7 +9,8 @@ default: "checkpointed, requeue me").
 Signals arriving within :data:`SAME_REQUEST_S` of the first are the same request:
 a scheduler's notice often reaches a process twice (SLURM sends SIGTERM to every
 process of a job, and a wrapper in between, torchrun's agent or a job script,
-forwards its own copy; submitit's preemption sends SIGTERM and then SIGUSR2).
+forwards its own copy; submitit's preemption sends SIGTERM and then SIGUSR2; a copy
+of the same signal that comes while the first is still pending merges with it).
 A signal after that window exits at once (128 + signal number): someone insists,
 and nothing committed can be damaged, since a half-written save is only ever a
 temp directory that the next start removes.
@@ -40,11 +41,11 @@ SAME_REQUEST_S = 2.0
 """Signals this close (seconds) after the first preemption signal are the same request.
 
 A constant, not a setting: it only has to cover one notice delivered twice, by the
-scheduler and by a wrapper that forwards it (measured on SLURM 22.05 here:
-submitit's SIGTERM then SIGUSR2, two ``scancel`` calls, arrive about 0.1 s apart;
-torchrun's agent forwards SIGTERM to its ranks within its monitor interval, 0.1 s),
-and be short enough that a second ``scancel`` from an impatient user still ends
-the run at once."""
+scheduler and by whatever passes it on, which takes milliseconds (measured on SLURM
+22.05 here: submitit's preemption, SIGTERM then SIGUSR2 from two ``scancel`` calls,
+arrived 13 ms apart; torchrun's agent passed SLURM's SIGUSR1 on to its ranks 4 ms
+after they got it), with room for a loaded machine; and short enough that a second
+``scancel`` from someone who means it still ends the run at once."""
 
 Handler = Callable[[int, FrameType | None], Any] | int | signal.Handlers | None
 
