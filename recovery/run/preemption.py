@@ -117,9 +117,11 @@ class PreemptionGuard:
         Inside :func:`handing_over`, the handlers it restores for the signals it
         caught are remembered, to be called when that block ends.
         """
-        if _handovers is not None:
+        if _handovers is not None:  # each signal once, however many copies came
             _handovers.extend(
-                (sig, self._previous[sig]) for sig in self.received if sig in self._previous
+                (sig, self._previous[sig])
+                for sig in dict.fromkeys(self.received)
+                if sig in self._previous
             )
         for sig, handler in self._previous.items():
             signal.signal(sig, handler)
@@ -153,12 +155,12 @@ def handing_over() -> Iterator[None]:
     For a scheduler's client that handles the same signal itself: submitit's handler
     for its preemption signal calls the job's ``checkpoint()`` and requeues the job,
     which must happen after the checkpoint of the step boundary, not in the middle of
-    a step (:mod:`recovery.run.submitit`). Only Python handlers are called, each
-    once per signal the guard received, in arrival order; ``SIG_DFL`` and ``SIG_IGN``
-    are left alone (a preempted run exits with its own code). Whatever such a handler
-    raises (submitit: ``SystemExit`` after the requeue) leaves the block instead of
-    what was leaving it. Main thread only; inside another such block it does nothing
-    (the outer block hands over).
+    a step (:mod:`recovery.run.submitit`). Only Python handlers are called, once for
+    each signal the guard caught (a copy of one is the same), in arrival order;
+    ``SIG_DFL`` and ``SIG_IGN`` are left alone (a preempted run exits with its own
+    code). Whatever such a handler raises (submitit: ``SystemExit`` after the
+    requeue) leaves the block instead of what was leaving it. Main thread only;
+    inside another such block it does nothing (the outer block hands over).
     """
     global _handovers
     if _handovers is not None:

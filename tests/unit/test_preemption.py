@@ -68,10 +68,11 @@ def test_the_caught_signals_go_to_the_replaced_handlers_after_the_run(usr2_recor
         guard.install()
         os.kill(os.getpid(), signal.SIGUSR2)
         os.kill(os.getpid(), signal.SIGUSR1)
+        os.kill(os.getpid(), signal.SIGUSR2)  # a copy: the same request
         assert usr2_recorder == []  # not while the run goes on
         guard.uninstall()
         assert usr2_recorder == []  # not while it closes
-    assert usr2_recorder == [signal.SIGUSR2, signal.SIGUSR1]  # arrival order
+    assert usr2_recorder == [signal.SIGUSR2, signal.SIGUSR1]  # arrival order, each once
     assert signal.getsignal(signal.SIGUSR2) is not guard._handle
 
 
