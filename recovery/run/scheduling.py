@@ -54,11 +54,9 @@ class Scheduled(Restoring):
         before = self._previous_stop() if job is not None and self.world.leader else None
         step = super().restore(state, resume_spec, init_from=init_from)
         if job is not None:
-            self._event(scheduler.event(job, before, step))
-            if job.restart or before is not None:
-                log.info(
-                    "%s: %s", job.describe, scheduler.describe(scheduler.event(job, before, step))
-                )
+            record = scheduler.event(job, before, step)
+            self._event(record)
+            log.info("%s, at step %d", scheduler.describe(record), step)
         return step
 
     def _previous_stop(self) -> tuple[str, str | None] | None:
