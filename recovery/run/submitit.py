@@ -9,10 +9,10 @@ step the loop is in, where recovery never checkpoints
 (:mod:`recovery.run.preemption`).
 
 :class:`Requeueable` puts the two in order. The run's preemption guard, installed
-over submitit's handlers, catches the signal (``checkpoint.preempt_signals`` must
-hold :func:`preemption_signal` and ``SIGTERM``); the loop checkpoints at the next step boundary and
-stops; when the run is closed, :class:`Requeueable` hands the signal over to
-submitit's handler (:func:`~recovery.run.preemption.handing_over`), whose
+over submitit's handlers, catches the signal (``checkpoint.preempt_signals`` holds
+:func:`preemption_signal` and ``SIGTERM``); the loop checkpoints at the next step
+boundary and stops; when the run is closed, :class:`Requeueable` hands the signal
+over to submitit's handler (:func:`~recovery.run.preemption.handing_over`), whose
 ``checkpoint()`` resubmits the same call. Since that call resumes ``latest`` from
 the first submission, the requeued job continues the checkpoint just made,
 bit-identically. A SIGTERM alone (SLURM preempting or requeueing the job itself)
@@ -37,8 +37,9 @@ def preemption_signal() -> str:
     """submitit's preemption signal, as ``checkpoint.preempt_signals`` names it:
     ``SIGUSR2``, or what ``SUBMITIT_PREEMPT_SIGNAL`` names (as submitit reads it).
     ``checkpoint.preempt_signals`` holds it and ``SIGTERM`` (SLURM's notice that it
-    preempts or requeues the job); it is also the time limit's signal
-    (``checkpoint.cluster.time_limit_signal``), which submitit sends 90 s before it."""
+    preempts or requeues the job); as ``checkpoint.cluster.time_limit_signal`` too
+    (submitit sends it 90 s before the time limit), a stop on it is journaled as
+    the time limit's."""
     return f"SIG{os.environ.get(SIGNAL_ENV, 'USR2')}"
 
 
