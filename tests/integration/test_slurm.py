@@ -26,10 +26,9 @@ pytestmark = pytest.mark.integration
 SCRIPT = ROOT / "examples" / "slurm" / "train.sbatch"
 # the run names itself after the job; every other SMALL setting is passed through
 OVERRIDES = [o for o in SMALL if not o.startswith("run.name=")]
-LEAD = 15
-"""``--signal=USR1@15``: under a 1-minute limit slurmctld sends it 15-45 s into the run: it
-checks limits on a 30 s tick and sends the lead signal up to one tick early (with a 40 s
-lead it came 4 s into the run, before a slow start would catch it)."""
+LEAD = 120
+"""``--signal=USR1@120``, as the script's own: under a 2-minute limit slurmctld sends it
+at its next check of the limits (a 30 s tick; it sends the lead up to one tick early)."""
 
 
 @pytest.fixture(scope="session")
@@ -81,10 +80,12 @@ def test_a_job_requeued_by_slurm_and_at_its_time_limit_comes_back_bit_identical(
     tmp_path, slurm, reference, data_root, signer, trust
 ):
     """Requeued twice: by ``scontrol requeue`` (SLURM's SIGTERM to every process), then at
-    a real time limit: a 1-minute limit and the script's ``--signal=USR1@<lead>``, which
-    slurmctld sends; the run checkpoints, requeues its own job and the third run
-    finishes. The first and the third run get 10 minutes (``scontrol update`` while the
-    job is pending), so only the second meets its limit."""
+    a real time limit: the script's ``--signal=USR1@<lead>``, which slurmctld sends when
+    the limit comes near; the run checkpoints, requeues its own job and the third run
+    finishes. The job has 10 minutes; the second run, once paused after step 50 (its
+    handlers installed), gets a 2-minute limit (``scontrol update``), so slurmctld's
+    signal comes at its next check (within 30 s) and not during a slow start-up; the
+    third gets its 10 minutes back while pending."""
     out = tmp_path / "job.out"
     mark, release = tmp_path / "paused.mark", tmp_path / "release"
     # paused after steps 20 and 50 (their checkpoints committed): the kills land mid-run
@@ -99,10 +100,10 @@ def test_a_job_requeued_by_slurm_and_at_its_time_limit_comes_back_bit_identical(
     slurm.wait(job, ("PENDING",))
     mark.unlink()
     release.unlink()
-    slurm.run("scontrol", "update", f"JobId={job}", "TimeLimit=1")
     slurm.start_now(job)
-    wait_for(mark, None, slurm, job)  # the second run, paused at step 50 ...
-    wait_for(out, "SIGUSR1 received", slurm, job, timeout=LEAD + 60)  # ... until the lead
+    wait_for(mark, None, slurm, job)  # the second run, paused at step 50
+    slurm.run("scontrol", "update", f"JobId={job}", "TimeLimit=2")
+    wait_for(out, "SIGUSR1 received", slurm, job, timeout=60)  # from slurmctld
     release.touch()
     slurm.wait(job, ("PENDING",))  # requeued by train.py itself
     slurm.run("scontrol", "update", f"JobId={job}", "TimeLimit=10")
