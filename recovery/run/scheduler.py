@@ -12,7 +12,8 @@ Pure functions over the environment and the journal, table-tested:
   journal recorded after its begin event: a ``preempted`` event on the time-limit
   signal is :data:`TIME_LIMIT`, on another signal :data:`PREEMPTED`; a ``run_summary``
   without one is :data:`ENDED` (finished, or stopped by an error); neither is
-  :data:`KILLED` (nothing runs after a SIGKILL or a node failure).
+  :data:`KILLED` (nothing runs after a SIGKILL or a node failure; an uncaught exception
+  that skipped the close reads the same).
 - :func:`event`: the journal's informational ``job`` record of a start (not sealed:
   no resume acts on it).
 - :func:`should_requeue`: whether a checkpointed stop requeues its own job
