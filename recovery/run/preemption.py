@@ -52,6 +52,9 @@ Handler = Callable[[int, FrameType | None], Any] | int | signal.Handlers | None
 _handovers: list[tuple[signal.Signals, Handler]] | None = None
 """While :func:`handing_over` is active: the handlers that guards replaced for the
 signals they caught, in arrival order."""
+_installed: list[PreemptionGuard] = []
+"""The guards installed inside the active :func:`handing_over` block (uninstalled by its
+end if the run did not close them)."""
 
 
 def classify(
@@ -109,6 +112,8 @@ class PreemptionGuard:
         """Install the handlers (main thread only); returns self."""
         for sig in self.signals:
             self._previous[sig] = signal.signal(sig, self._handle)
+        if _handovers is not None:
+            _installed.append(self)
         return self
 
     def uninstall(self) -> None:
@@ -158,8 +163,11 @@ def handing_over() -> Iterator[None]:
     a step (:mod:`recovery.run.submitit`). Only Python handlers are called, once for
     each signal the guard caught (a copy of one is the same), in arrival order;
     ``SIG_DFL`` and ``SIG_IGN`` are left alone (a preempted run exits with its own
-    code). Whatever such a handler raises (submitit: ``SystemExit`` after the
-    requeue) leaves the block instead of what was leaving it. Main thread only;
+    code). A guard installed inside the block and still
+    installed when it ends (a run that leaves without closing its checkpointer) is
+    uninstalled first, so its signals are handed over too. Whatever such a handler
+    raises (submitit: ``SystemExit`` after the requeue) leaves the block instead of
+    what was leaving it. Main thread only;
     inside another such block it does nothing (the outer block hands over).
     """
     global _handovers
@@ -171,6 +179,10 @@ def handing_over() -> Iterator[None]:
     try:
         yield
     finally:
+        for guard in _installed:
+            if guard._previous:  # still installed: the run did not close its checkpointer
+                guard.uninstall()
+        _installed.clear()
         _handovers = None
         for sig, handler in handed:
             if callable(handler):

@@ -65,7 +65,10 @@ class Requeueable(abc.ABC):
         A :class:`~recovery.errors.Preempted` leaving :meth:`run` (a loop without the
         checkpointer's with-block) ends the process with its exit code, as the
         with-block does, rather than as a failed job: submitit would record it as the
-        job's result, and a client waiting on a requeued job would get that error.
+        job's result, and a client waiting on a requeued job would get that error. A
+        guard such a run left installed is uninstalled when :meth:`run` ends, and its
+        signals handed over all the same; :meth:`run` should still close its
+        checkpointer (its journal's ``run_summary``).
         """
         try:
             with preemption.handing_over():

@@ -51,6 +51,16 @@ class Job(Requeueable):
         return super().checkpoint(*args, **kwargs)
 
 
+class Unclosed(Job):
+    """A loop without the with-block: its Preempted leaves run() with the guard installed."""
+
+    def run(self, signum: int, events: list[str]) -> None:
+        guard = PreemptionGuard([preemption_signal(), "SIGTERM"]).install()
+        os.kill(os.getpid(), signum)
+        events.append("step boundary")
+        raise Preempted("checkpointed", step=3, signal_name=str(guard.requested))
+
+
 @pytest.fixture
 def submitit_handlers(tmp_path, monkeypatch):
     """submitit's handlers installed as its job process installs them; restored after."""
@@ -69,11 +79,13 @@ def submitit_handlers(tmp_path, monkeypatch):
         signal.signal(s, handler)
 
 
-def preempted(signum: int, install) -> tuple[object, list[str], Env, JobPaths]:
+def preempted(
+    signum: int, install, job: Job | None = None
+) -> tuple[object, list[str], Env, JobPaths]:
     """Run a Job under submitit's handlers, signalled by ``signum`` mid-step: its exit
     code, the order of events, submitit's environment and paths."""
     events: list[str] = []
-    delayed = DelayedSubmission(Job(), int(signum), events)
+    delayed = DelayedSubmission(job or Job(), int(signum), events)
     delayed.set_timeout(60, 3)  # 60 minutes, 3 timeouts: as submitit's executor sets it
     env, paths = install(delayed)
     with pytest.raises(SystemExit) as stop:
@@ -97,3 +109,13 @@ def test_a_sigterm_alone_exits_with_the_preemption_code_and_submitit_requeues_no
     assert code == 75
     assert events == ["step boundary", "closed"]  # submitit's handler only logged it
     assert env.requeued == [] and not Path(paths.submitted_pickle).exists()
+
+
+def test_a_run_that_does_not_close_its_guard_is_still_handed_over_and_requeued(
+    submitit_handlers,
+):
+    code, events, env, _ = preempted(signal.SIGUSR2, submitit_handlers, Unclosed())
+    assert code == -1
+    assert events == ["step boundary", "checkpoint()"]
+    assert env.requeued == [3]
+    assert signal.getsignal(signal.SIGUSR2) is not None  # the guard is gone
