@@ -163,7 +163,8 @@ def handing_over() -> Iterator[None]:
     a step (:mod:`recovery.run.submitit`). Only Python handlers are called, once for
     each signal the guard caught (a copy of one is the same), in arrival order;
     ``SIG_DFL`` and ``SIG_IGN`` are left alone (a preempted run exits with its own
-    code). A guard installed inside the block and still
+    code; so is ``signal.default_int_handler``: a run stopped by SIGINT exits with its own
+    code, not with ``KeyboardInterrupt``). A guard installed inside the block and still
     installed when it ends (a run that leaves without closing its checkpointer) is
     uninstalled first, so its signals are handed over too. Whatever such a handler
     raises (submitit: ``SystemExit`` after the requeue) leaves the block instead of
@@ -185,6 +186,6 @@ def handing_over() -> Iterator[None]:
         _installed.clear()
         _handovers = None
         for sig, handler in handed:
-            if callable(handler):
+            if callable(handler) and handler is not signal.default_int_handler:
                 log.info("handing %s over to the handler installed before the guard", sig.name)
                 handler(int(sig), None)

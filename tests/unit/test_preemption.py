@@ -94,6 +94,19 @@ def test_nothing_is_handed_over_without_a_signal_or_to_a_default_handler(usr2_re
     assert usr2_recorder == []
 
 
+def test_python_s_own_sigint_handler_is_not_handed_over():
+    before = signal.signal(signal.SIGINT, signal.default_int_handler)
+    try:
+        guard = PreemptionGuard(["SIGINT"])
+        with preemption.handing_over():  # no KeyboardInterrupt out of it
+            guard.install()
+            os.kill(os.getpid(), signal.SIGINT)
+            guard.uninstall()
+    finally:
+        signal.signal(signal.SIGINT, before)
+    assert guard.requested == "SIGINT"
+
+
 def test_what_the_replaced_handler_raises_leaves_the_block(usr2_recorder):
     def requeue(signum, frame):  # submitit's: checkpoint(), scontrol requeue, sys.exit(-1)
         raise SystemExit(-1)
