@@ -39,6 +39,11 @@ def _scontrol(args: Sequence[str]) -> subprocess.CompletedProcess[str]:
     )
 
 
+def _one_line(text: str | None) -> str:
+    """scontrol's stderr (several lines when it cannot reach the controller) in one line."""
+    return " ".join((text or "").split()) or "(no message)"
+
+
 def ignore_signals(extra: Sequence[str] = ()) -> None:
     """Ignore :data:`IGNORED` and ``extra`` for the rest of the process (main thread only:
     elsewhere a warning, and the requeue's SIGTERM may end the process as 143)."""
@@ -59,7 +64,7 @@ def requeue(job: Job, *, also_ignore: Sequence[str] = (), run: Run = _scontrol) 
     try:
         update = run(["update", f"JobId={job.own_id}", "Requeue=1"])
         if update.returncode:  # not fatal: a job submitted requeueable needs no update
-            log.info("requeue: scontrol update Requeue=1: %s", update.stderr.strip())
+            log.info("requeue: scontrol update Requeue=1: %s", _one_line(update.stderr))
         done = run(["requeue", job.own_id])
     except (OSError, subprocess.SubprocessError) as err:
         log.error("requeue: could not run scontrol for %s: %s", job.describe, err)
@@ -69,7 +74,7 @@ def requeue(job: Job, *, also_ignore: Sequence[str] = (), run: Run = _scontrol) 
             "requeue: scontrol requeue %s exited %d: %s; requeue it by hand",
             job.own_id,
             done.returncode,
-            done.stderr.strip(),
+            _one_line(done.stderr),
         )
         return False
     log.warning("requeued %s: it runs again (+resume=latest) once SLURM starts it", job.describe)
