@@ -71,6 +71,14 @@ PROFILES: dict[str, tuple[str, ...]] = {
         "matplotlib.pyplot",
         "model_signing",
         "recipes",
+        # what reading or writing a torch.export program imports on first use (networkx,
+        # sympy, functorch, inductor: about 3 s a process that exports or serves)
+        "torch.export._trace",
+        "torch.export.pt2_archive._package",
+        "torch._export.serde.serialize",
+        "torch._functorch.aot_autograd",
+        "torch._functorch.partitioners",
+        "torch._inductor.codecache",
     ),
 }
 # what "core" must not hold, so a script's own finder can still make them absent
