@@ -76,6 +76,15 @@ def classify(
     return "same" if now - first_at <= window_s else "again"
 
 
+def agreed(names: Sequence[str], time_limit_signal: str | None) -> str | None:
+    """The signal a multi-rank job stops on, from each rank's first signal (``""``: none
+    yet), in rank order: the time limit's if any rank saw it (it decides the requeue),
+    else the lowest rank's; ``None`` when no rank saw any."""
+    if time_limit_signal is not None and time_limit_signal in names:
+        return time_limit_signal
+    return next((name for name in names if name), None)
+
+
 class PreemptionGuard:
     """Catches preemption signals for the lifetime of a run.
 
@@ -116,11 +125,25 @@ class PreemptionGuard:
             _installed.append(self)
         return self
 
+    def join(self, name: str) -> None:
+        """The ranks of a job agreed to stop on ``name`` (which another rank may have got
+        first): it is this guard's request too, as if it had arrived now, so this rank's
+        own copy, coming later, is the same request (:data:`SAME_REQUEST_S`) and is
+        handed over (:func:`handing_over`) as a caught one."""
+        sig = signal.Signals[name] if name in signal.Signals.__members__ else None
+        if sig in self.signals and sig not in self.received:
+            self.received.append(sig)
+        if self.requested is None:
+            self._first_at, self.requested = self._clock(), name
+
     def uninstall(self) -> None:
         """Restore the handlers that were there before.
 
         Inside :func:`handing_over`, the handlers it restores for the signals it
-        caught are remembered, to be called when that block ends.
+        caught are remembered, to be called when that block ends. After a request, a
+        signal whose handler was the default (which ends the process) stays caught
+        until the request's window is over: a copy that comes after the run closed is
+        the same request, not a second one; later, it does what the default does.
         """
         if _handovers is not None:  # each signal once, however many copies came
             _handovers.extend(
@@ -128,9 +151,20 @@ class PreemptionGuard:
                 for sig in dict.fromkeys(self.received)
                 if sig in self._previous
             )
+        within = self._first_at is not None and self._clock() - self._first_at <= self.window_s
         for sig, handler in self._previous.items():
-            signal.signal(sig, handler)
+            signal.signal(sig, self._late if within and handler == signal.SIG_DFL else handler)
         self._previous.clear()
+
+    def _late(self, signum: int, frame: FrameType | None) -> None:
+        """A copy after the guard was uninstalled: the same request within the window,
+        else what the default handler does (the process ends on that signal)."""
+        assert self._first_at is not None
+        if self._clock() - self._first_at <= self.window_s:
+            log.info("%s after the run closed: the same preemption", signal.Signals(signum).name)
+            return
+        signal.signal(signum, signal.SIG_DFL)
+        os.kill(os.getpid(), signum)
 
     def _handle(self, signum: int, frame: FrameType | None) -> None:
         sig, now = signal.Signals(signum), self._clock()

@@ -157,6 +157,44 @@ def test_real_signals_to_a_process(plan, code):
         assert done.stdout == "requested SIGTERM ['SIGTERM', 'SIGUSR1']\n"
 
 
+JOINED = """
+import logging, os, signal, time
+logging.basicConfig(level=logging.INFO)
+from recovery.run.preemption import PreemptionGuard
+guard = PreemptionGuard(["SIGUSR1"], window_s=0.5).install()
+guard.join("SIGUSR1")  # another rank's signal, agreed on: this one's comes later
+guard.uninstall()
+os.kill(os.getpid(), signal.SIGUSR1)  # its own copy, after the run closed
+print("survived", [s.name for s in guard.received], flush=True)
+time.sleep(0.6)
+os.kill(os.getpid(), signal.SIGUSR1)  # past the window: the default's action
+print("not reached", flush=True)
+"""
+
+
+def test_a_copy_after_the_agreed_stop_and_the_close_is_the_same_request():
+    done = subprocess.run(
+        [sys.executable, "-c", JOINED], capture_output=True, text=True, timeout=60
+    )
+    assert done.returncode == -signal.SIGUSR1, done.stderr
+    assert done.stdout == "survived ['SIGUSR1']\n"
+    assert "SIGUSR1 after the run closed: the same preemption" in done.stderr
+
+
+@pytest.mark.parametrize(
+    ("names", "time_limit", "expected"),
+    [
+        (["", "SIGUSR1"], "SIGUSR1", "SIGUSR1"),  # only rank 1 got it: rank 0 follows
+        (["SIGTERM", "SIGUSR1"], "SIGUSR1", "SIGUSR1"),  # the time limit's decides
+        (["", "SIGTERM", "SIGHUP"], "SIGUSR1", "SIGTERM"),  # else the lowest rank's
+        (["SIGUSR1", ""], None, "SIGUSR1"),
+        (["", ""], "SIGUSR1", None),
+    ],
+)
+def test_the_signal_the_ranks_agree_on(names, time_limit, expected):
+    assert preemption.agreed(names, time_limit) == expected
+
+
 class Job(Requeueable):
     def run(self, steps: int, *, resume: str) -> int:
         if steps > 10:
