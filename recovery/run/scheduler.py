@@ -14,8 +14,12 @@ Pure functions over the environment and the journal, table-tested:
   without one is :data:`ENDED` (finished, or stopped by an error); neither is
   :data:`KILLED` (nothing runs after a SIGKILL or a node failure; an uncaught exception
   that skipped the close reads the same).
+- :func:`previous_job`: the ``job`` record of the process before (which job it ran in).
+- :func:`ran_to_end`: an earlier run in this very job instance that ran to its end (a
+  second ``train.py`` of one job script, refused by the checkpointer).
 - :func:`event`: the journal's informational ``job`` record of a start (not sealed:
-  no resume acts on it).
+  no resume acts on it); a process before in another job is named (``previous_job_id``),
+  and its preemption is :data:`PREEMPTED_ELSEWHERE`, no requeue of this job.
 - :func:`should_requeue`: whether a checkpointed stop requeues its own job
   (``checkpoint.cluster.requeue``); :mod:`recovery.run.requeue` does it.
 """
@@ -36,6 +40,8 @@ EVENT = "job"
 
 TIME_LIMIT = "time limit"
 PREEMPTED = "preempted/requeued"
+PREEMPTED_ELSEWHERE = "preempted"
+"""Preempted in another job than this start's (not requeued: a run continued by name)."""
 KILLED = "killed (node failure or SIGKILL)"
 ENDED = "ended"
 """How the process before a start stopped (:func:`previous_stop`)."""
@@ -115,32 +121,74 @@ def run_name(configured: str, job: Job | None, *, explicit: bool) -> str:
     return job.run_name if job is not None and not explicit else configured
 
 
+def _last_process(records: Iterable[dict[str, Any]]) -> list[dict[str, Any]] | None:
+    """The records from the last begin event on (the process before this start);
+    ``None`` when there is none (a first start)."""
+    last: list[dict[str, Any]] | None = None
+    for rec in records:
+        if rec.get("event") in BEGIN_EVENTS:
+            last = [rec]
+        elif last is not None:
+            last.append(rec)
+    return last
+
+
 def previous_stop(
     records: Iterable[dict[str, Any]], time_limit_signal: str | None
 ) -> tuple[str, str | None] | None:
     """How the process before this start stopped, and the signal that stopped it, from
     the journal's ``records`` (in file order); ``None`` when it records no begin event
     (a first start). See the module for the causes."""
-    signal: str | None = None
-    began = preempted = summary = False
-    for rec in records:
-        kind = rec.get("event")
-        if kind in BEGIN_EVENTS:
-            began, preempted, summary, signal = True, False, False, None
-        elif kind == "preempted":
-            preempted, signal = True, str(rec.get("signal"))
-        elif kind == "run_summary":
-            summary = True
-    if not began:
+    last = _last_process(records)
+    if last is None:
         return None
-    if preempted:
+    stops = [rec for rec in last if rec.get("event") == "preempted"]
+    if stops:
+        signal = str(stops[-1].get("signal"))
         return (TIME_LIMIT if signal == time_limit_signal else PREEMPTED), signal
-    return (ENDED if summary else KILLED), None
+    return (ENDED if any(rec.get("event") == "run_summary" for rec in last) else KILLED), None
 
 
-def event(job: Job, previous: tuple[str, str | None] | None, step: int) -> dict[str, Any]:
-    """The ``job`` record of a start at ``step`` (0: fresh) under ``job``."""
+def previous_job(records: Iterable[dict[str, Any]]) -> dict[str, Any] | None:
+    """The ``job`` record of the process before this start (``None``: it journaled none,
+    outside a job or a first start)."""
+    jobs = [rec for rec in _last_process(records) or [] if rec.get("event") == EVENT]
+    return jobs[-1] if jobs else None
+
+
+def ran_to_end(records: Iterable[dict[str, Any]], job: Job, final_step: int) -> int | None:
+    """The step an earlier run in this same job instance (``job``'s id and restart count)
+    ended at, when it ended without a preemption at ``final_step`` or later: a second
+    ``train.py`` of one job script, which would only resume the first's finished run
+    (the job's name is the run's). ``None``: not so (a first start, a requeue, a restart
+    after a kill, a crash or a preemption, or a run left unfinished)."""
+    last = _last_process(records) or []
+    before = previous_job(last)
+    if before is None or (before.get("job_id"), before.get("restart")) != (job.job_id, job.restart):
+        return None
+    kinds = {rec.get("event") for rec in last}
+    if "preempted" in kinds or "run_summary" not in kinds:
+        return None
+    steps = [
+        r["step"] for r in last if r.get("event") == "checkpoint" and isinstance(r.get("step"), int)
+    ]
+    return max(steps) if steps and max(steps) >= final_step else None
+
+
+def event(
+    job: Job,
+    previous: tuple[str, str | None] | None,
+    step: int,
+    previous_job_id: str | None = None,
+) -> dict[str, Any]:
+    """The ``job`` record of a start at ``step`` (0: fresh) under ``job``; ``previous_job_id``:
+    the job of the process before (its ``job`` record's). When that is another job (a run
+    continued by name in a new one), the record keeps its id and a preemption there is
+    ``preempted``, not a requeue of this job."""
     cause, signal = previous if previous is not None else (None, None)
+    other = previous_job_id if previous_job_id not in (None, job.job_id) else None
+    if other is not None and cause == PREEMPTED:
+        cause = PREEMPTED_ELSEWHERE
     return {
         "event": EVENT,
         "scheduler": job.scheduler,
@@ -152,6 +200,7 @@ def event(job: Job, previous: tuple[str, str | None] | None, step: int) -> dict[
         "step": step,
         "previous_stop": cause,
         "previous_signal": signal,
+        "previous_job_id": other,
     }
 
 
@@ -172,4 +221,6 @@ def describe(record: Mapping[str, Any]) -> str:
     cause, signal = record.get("previous_stop"), record.get("previous_signal")
     if isinstance(cause, str):
         text += f" after {cause}" + (f" ({signal})" if isinstance(signal, str) else "")
+        other = record.get("previous_job_id")
+        text += f" in job {other}" if isinstance(other, str) else ""
     return text

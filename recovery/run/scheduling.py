@@ -18,8 +18,10 @@ import os
 from functools import cached_property
 from typing import Any
 
-from recovery.errors import Preempted
+from recovery.errors import ConfigError, Preempted
+from recovery.parallel import world as distributed
 from recovery.run import requeue, scheduler
+from recovery.run.cadence import Cadence
 from recovery.run.journal import read
 from recovery.run.restoring import Restoring
 from recovery.state.registry import TrainState
@@ -31,6 +33,7 @@ class Scheduled(Restoring):
     """Journals a start under a scheduler job; requeues the job after a preemption."""
 
     _requeued: bool = False
+    cadence: Cadence
 
     @cached_property
     def job(self) -> scheduler.Job | None:
@@ -49,20 +52,41 @@ class Scheduled(Restoring):
         init_from: object | None = None,
     ) -> int:
         """:meth:`Restoring.restore <recovery.run.restoring.Restoring.restore>`; then, under
-        a scheduler job, the ``job`` event (rank 0)."""
+        a scheduler job, the ``job`` event (rank 0).
+
+        Raises:
+            ConfigError: a second run in the same job instance would resume the first's
+                finished run (:func:`~recovery.run.scheduler.ran_to_end`), before
+                anything is touched.
+        """
         job = self.job  # a refused scheduler=slurm refuses before anything is touched
-        before = self._previous_stop() if job is not None and self.world.leader else None
+        records = self._records() if job is not None and self.world.leader else []
+        if job is not None:
+            self._refuse_a_second_run(job, records)
+        before = scheduler.previous_stop(records, self.cfg.cluster.time_limit_signal)
+        previous = scheduler.previous_job(records)
         step = super().restore(state, resume_spec, init_from=init_from)
         if job is not None:
-            record = scheduler.event(job, before, step)
+            other = previous.get("job_id") if previous is not None else None
+            record = scheduler.event(job, before, step, other if isinstance(other, str) else None)
             self._event(record)
             log.info("%s, at step %d", scheduler.describe(record), step)
         return step
 
-    def _previous_stop(self) -> tuple[str, str | None] | None:
+    def _records(self) -> list[dict[str, Any]]:
         path = self._journal_path()
-        records: list[dict[str, Any]] = read(path) if path.is_file() else []
-        return scheduler.previous_stop(records, self.cfg.cluster.time_limit_signal)
+        return read(path) if path.is_file() else []
+
+    def _refuse_a_second_run(self, job: scheduler.Job, records: list[dict[str, Any]]) -> None:
+        ended = scheduler.ran_to_end(records, job, self.cadence.final_step)
+        if not distributed.any_of(ended is not None)[0]:  # rank 0 read it; all refuse
+            return
+        raise ConfigError(
+            f"run.name: {job.describe} already ran {self.run_dir.name} to its end "
+            f"(step {ended if ended is not None else '?'}) earlier in this job; every run of "
+            "a job shares the job's name, so this one would only resume that one: pass "
+            "run.name=<a name of its own> to each run of a multi-run job"
+        )
 
     def requeue_after(self, err: BaseException | None) -> bool:
         """After ``err`` ended the run: when it is a checkpointed preemption that

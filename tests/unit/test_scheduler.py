@@ -122,13 +122,62 @@ def test_the_job_event_and_its_words():
         "step": 51,
         "previous_stop": "time limit",
         "previous_signal": "SIGUSR1",
+        "previous_job_id": None,
     }
     assert scheduler.describe(record) == "SLURM job 41 restart 2 after time limit (SIGUSR1)"
+    assert scheduler.event(job, (TIME_LIMIT, "SIGUSR1"), 51, "41")["previous_job_id"] is None
     first = scheduler.event(job, None, 0)
     assert first["previous_stop"] is None
     assert scheduler.describe(first) == "SLURM job 41 restart 2"
     # the journal is not signed: a field of the wrong type reads as unknown, never fails
     assert scheduler.describe({"restart": "2", "previous_stop": 3}) == "? job None"
+
+
+def test_a_run_continued_in_another_job_is_not_called_requeued():
+    job = scheduler.detect({"SLURM_JOB_ID": "41"})
+    assert isinstance(job, Job)
+    record = scheduler.event(job, (PREEMPTED, "SIGTERM"), 30, "40")
+    assert (record["previous_stop"], record["previous_job_id"]) == ("preempted", "40")
+    assert (
+        scheduler.describe(record) == "SLURM job 41 restart 0 after preempted (SIGTERM) in job 40"
+    )
+    limit = scheduler.event(job, (TIME_LIMIT, "SIGUSR1"), 30, "40")
+    assert (
+        scheduler.describe(limit) == "SLURM job 41 restart 0 after time limit (SIGUSR1) in job 40"
+    )
+    records = [START, job_record("40", 0), STEP, preempted("SIGTERM")]
+    assert scheduler.previous_job(records) == job_record("40", 0)
+    assert scheduler.previous_job([job_record("40", 0), START, STEP]) is None
+
+
+def job_record(job_id: str, restart: int) -> dict:
+    return {"event": "job", "job_id": job_id, "restart": restart}
+
+
+def saved(step: int) -> dict:
+    return {"event": "checkpoint", "step": step}
+
+
+@pytest.mark.parametrize(
+    ("records", "restart", "expected"),
+    [
+        # a second train.py of one job script: the first ran to its end in this instance
+        ([START, job_record("41", 0), saved(30), SUMMARY], 0, 30),
+        ([START, job_record("41", 0), saved(40), SUMMARY], 0, 40),  # a longer first run
+        ([], 0, None),  # a first start
+        ([START, job_record("41", 0), saved(30), SUMMARY], 1, None),  # a requeue
+        ([START, job_record("40", 0), saved(30), SUMMARY], 0, None),  # another job
+        ([START, saved(30), SUMMARY], 0, None),  # journaled outside a job
+        # a restart inside the allocation (torchrun's agent) after a kill, a crash or a stop
+        ([START, job_record("41", 0), saved(30)], 0, None),
+        ([START, job_record("41", 0), saved(20), SUMMARY], 0, None),
+        ([START, job_record("41", 0), saved(30), preempted("SIGTERM"), SUMMARY], 0, None),
+    ],
+)
+def test_a_second_run_in_the_same_job_instance(records, restart, expected):
+    job = scheduler.detect({"SLURM_JOB_ID": "41", "SLURM_RESTART_COUNT": str(restart)})
+    assert isinstance(job, Job)
+    assert scheduler.ran_to_end(records, job, 30) == expected
 
 
 @pytest.mark.parametrize(

@@ -105,3 +105,27 @@ def test_outside_a_job_nothing_is_journaled_and_scheduler_slurm_refuses(
     with pytest.raises(ConfigError, match="^checkpoint.cluster.scheduler: slurm, but"):
         start(tmp_path / "b", signer, trust, prov, ClusterConfig(scheduler="slurm"))
     assert not (tmp_path / "b").exists()  # refused before anything was touched
+
+
+def test_a_second_run_in_the_same_job_is_refused_in_one_line(
+    tmp_path, monkeypatch, signer, trust, prov
+):
+    for key, value in JOB.items():
+        monkeypatch.setenv(key, value)
+    monkeypatch.delenv("SLURM_RESTART_COUNT", raising=False)
+    ck, state, at = start(tmp_path, signer, trust, prov)
+    steps(ck, state, at, 6)
+    ck.close()
+    before = (tmp_path / "run" / "metrics.jsonl").read_bytes()
+    with pytest.raises(ConfigError) as refused:
+        start(tmp_path, signer, trust, prov)  # the job script's next train.py
+    assert str(refused.value) == (
+        "run.name: SLURM job 77 (restart 0) already ran run to its end (step 6) earlier in "
+        "this job; every run of a job shares the job's name, so this one would only resume "
+        "that one: pass run.name=<a name of its own> to each run of a multi-run job"
+    )
+    assert (tmp_path / "run" / "metrics.jsonl").read_bytes() == before  # nothing touched
+    monkeypatch.setenv("SLURM_RESTART_COUNT", "1")  # a requeue of the same job: resumes
+    ck, state, at = start(tmp_path, signer, trust, prov)
+    assert at == 6
+    ck.close()
