@@ -129,3 +129,36 @@ def test_a_second_run_in_the_same_job_is_refused_in_one_line(
     ck, state, at = start(tmp_path, signer, trust, prov)
     assert at == 6
     ck.close()
+
+
+SCONTROL = """#!/bin/sh
+last=$(tail -n 1 "$RUN/metrics.jsonl" | grep -o '"event": *"[a-z_]*"')
+echo "$* after $last" >> "$RUN/../scontrol-calls"
+"""
+
+
+def test_the_with_block_requeues_after_the_close(tmp_path, monkeypatch, signer, trust, prov):
+    """scontrol (a script on PATH that records what the journal ends with when it runs)
+    runs once the checkpointer is closed: its run_summary is written."""
+    for key, value in JOB.items():
+        monkeypatch.setenv(key, value)
+    bin_dir = tmp_path / "bin"
+    bin_dir.mkdir()
+    (bin_dir / "scontrol").write_text(SCONTROL)
+    (bin_dir / "scontrol").chmod(0o755)
+    monkeypatch.setenv("PATH", f"{bin_dir}:{os.environ['PATH']}")
+    monkeypatch.setenv("RUN", str(tmp_path / "run"))
+    handlers = {s: signal.getsignal(s) for s in (signal.SIGTERM, signal.SIGUSR1, signal.SIGINT)}
+    try:
+        ck, state, at = start(tmp_path, signer, trust, prov, ClusterConfig(requeue="time_limit"))
+        os.kill(os.getpid(), signal.SIGUSR1)
+        with pytest.raises(SystemExit) as stop, ck:
+            steps(ck, state, at, 3)
+    finally:
+        for s, handler in handlers.items():
+            signal.signal(s, handler)
+    assert stop.value.code == 75
+    assert (tmp_path / "scontrol-calls").read_text().splitlines() == [
+        'update JobId=77 Requeue=1 after "event":"run_summary"',
+        'requeue 77 after "event":"run_summary"',
+    ]
