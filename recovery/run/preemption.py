@@ -120,7 +120,10 @@ class PreemptionGuard:
     def install(self) -> PreemptionGuard:
         """Install the handlers (main thread only); returns self."""
         for sig in self.signals:
-            self._previous[sig] = signal.signal(sig, self._handle)
+            previous = signal.signal(sig, self._handle)
+            # an earlier guard's stand-in for the default (:meth:`_late`) is the default
+            late = getattr(previous, "__func__", None) is PreemptionGuard._late
+            self._previous[sig] = signal.SIG_DFL if late else previous
         if _handovers is not None:
             _installed.append(self)
         return self

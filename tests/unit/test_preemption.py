@@ -167,6 +167,12 @@ guard.uninstall()
 os.kill(os.getpid(), signal.SIGUSR1)  # its own copy, after the run closed
 print("survived", [s.name for s in guard.received], flush=True)
 time.sleep(0.6)
+again = PreemptionGuard(["SIGUSR1"], window_s=0.5).install()  # the next run's guard
+again.join("SIGUSR1")
+again.uninstall()
+os.kill(os.getpid(), signal.SIGUSR1)  # the first's window is over, not this one's
+print("survived again", flush=True)
+time.sleep(0.6)
 os.kill(os.getpid(), signal.SIGUSR1)  # past the window: the default's action
 print("not reached", flush=True)
 """
@@ -177,7 +183,7 @@ def test_a_copy_after_the_agreed_stop_and_the_close_is_the_same_request():
         [sys.executable, "-c", JOINED], capture_output=True, text=True, timeout=60
     )
     assert done.returncode == -signal.SIGUSR1, done.stderr
-    assert done.stdout == "survived ['SIGUSR1']\n"
+    assert done.stdout == "survived ['SIGUSR1']\nsurvived again\n"
     assert "SIGUSR1 after the run closed: the same preemption" in done.stderr
 
 

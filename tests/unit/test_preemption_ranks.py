@@ -20,6 +20,7 @@ from recovery.integrity.signing import Signer, TrustStore
 from recovery.parallel import world as distributed
 from recovery.run.checkpointer import Checkpointer
 from recovery.run.journal import read
+from recovery.run.preemption import PreemptionGuard
 from tests.conftest import tiny_state, train_steps
 
 SCONTROL = '#!/bin/sh\necho "$@" >> "$(dirname "$0")/calls"\n'
@@ -53,6 +54,8 @@ def _rank(rank: int, port: int, root: str, key: str) -> None:
         config={"seed": 0},
         health=False,
         world=distributed.current(),
+        # the window from this rank's agreed stop past its close, however loaded the machine
+        preemption=PreemptionGuard(cfg.preempt_signals, window_s=120).install(),
     )
     state = tiny_state()
     ck.restore(state, None)
@@ -65,6 +68,8 @@ def _rank(rank: int, port: int, root: str, key: str) -> None:
     except Preempted as stop:
         err = stop
     ck.close()
+    assert ck.preemption is not None
+    ck.preemption.uninstall()  # what close() does with a guard it made
     if rank == 0:
         os.kill(os.getpid(), signal.SIGUSR1)  # its own copy, after the close
     requeued = ck.requeue_after(err)
@@ -76,7 +81,10 @@ def test_only_rank_1_signalled_by_the_time_limit_still_requeues_it(tmp_path, sig
     (tmp_path / "bin").mkdir()
     (tmp_path / "bin" / "scontrol").write_text(SCONTROL)
     (tmp_path / "bin" / "scontrol").chmod(0o755)
-    mp.spawn(_rank, args=(_free_port(), str(tmp_path), str(signer.path)), nprocs=2)
+    # forked: the ranks need not import torch again (no process group in this one)
+    mp.start_processes(
+        _rank, args=(_free_port(), str(tmp_path), str(signer.path)), nprocs=2, start_method="fork"
+    )
     seen = [json.loads((tmp_path / f"rank{r}.json").read_text()) for r in (0, 1)]
     assert seen == [["SIGUSR1", 1, True], ["SIGUSR1", 1, False]]
     assert (tmp_path / "bin" / "calls").read_text() == "update JobId=88 Requeue=1\nrequeue 88\n"
