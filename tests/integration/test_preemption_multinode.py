@@ -19,7 +19,7 @@ from recovery.format.layout import METRICS_FILE, scan
 from recovery.integrity.trust import KEY_ENV
 from recovery.run.journal import read
 from tests.integration.conftest import ROOT, SMALL
-from tests.integration.slurm_cluster import SlurmCluster, running
+from tests.integration.slurm_cluster import SlurmCluster, live, running
 
 pytestmark = pytest.mark.integration
 
@@ -60,7 +60,7 @@ def test_a_torchrun_job_started_by_srun_checkpoints_once_and_requeues_itself_on_
     )
     end = time.monotonic() + 120
     while not mark.exists():
-        assert slurm.state(jid) in ("PENDING", "RUNNING"), out.read_text()
+        assert live(slurm.state(jid)), out.read_text()
         assert time.monotonic() < end, "never paused at step 30"
         time.sleep(0.05)
     # the time limit's lead signal (--signal=USR1@120), to every process of every step

@@ -19,7 +19,7 @@ from recovery.format.layout import METRICS_FILE, scan
 from recovery.integrity.trust import KEY_ENV
 from recovery.run.journal import read
 from tests.integration.conftest import ROOT, SMALL, assert_same_run
-from tests.integration.slurm_cluster import SlurmCluster, running
+from tests.integration.slurm_cluster import SlurmCluster, live, running
 
 pytestmark = pytest.mark.integration
 
@@ -71,7 +71,7 @@ def wait_for(
     end = time.monotonic() + timeout
     while not (path.exists() and (text is None or text in path.read_text())):
         state = cluster.state(job)
-        assert state in ("PENDING", "RUNNING", "COMPLETING"), f"job {job} {state}"
+        assert live(state), f"job {job} {state}"
         assert time.monotonic() < end, f"no {text or path} after {timeout} s"
         time.sleep(0.05)
 

@@ -19,7 +19,7 @@ from recovery.format.layout import METRICS_FILE
 from recovery.integrity.trust import KEY_ENV
 from recovery.run.journal import read
 from tests.integration.conftest import ROOT, SMALL, assert_same_run
-from tests.integration.slurm_cluster import SlurmCluster, running
+from tests.integration.slurm_cluster import SlurmCluster, live, running
 
 pytestmark = pytest.mark.integration
 
@@ -38,7 +38,7 @@ def wait_for(path: Path, text: str, cluster: SlurmCluster, job: str) -> str:
     end = time.monotonic() + 60
     while text not in (log := path.read_text() if path.exists() else ""):
         state = cluster.state(job)
-        assert state in ("PENDING", "RUNNING", "COMPLETING"), f"job {job} {state}:\n{log}"
+        assert live(state), f"job {job} {state}:\n{log}"
         assert time.monotonic() < end, f"no {text!r} after 60 s:\n{log}"
         time.sleep(0.05)
     return log
@@ -68,7 +68,7 @@ def test_a_submitit_job_preempted_mid_step_checkpoints_then_requeues_bit_identic
     job = ex.submit(submit_train.TrainPy(), *overrides)
     end = time.monotonic() + 60
     while not mark.exists():
-        assert slurm.state(job.job_id) in ("PENDING", "RUNNING"), job.paths.stdout
+        assert live(slurm.state(job.job_id)), job.paths.stdout
         assert time.monotonic() < end, "never paused at step 20"
         time.sleep(0.05)
     # submitit's own preemption: scancel --signal SIGTERM, then scancel --signal USR2
