@@ -15,11 +15,16 @@ child for each command it is sent. The child is a real process of its own:
   would give: the script's ``sys.exit`` code, 1 for an uncaught exception, or minus
   the signal that killed it. The server reaps it and sends that status back.
 
+A ``torchrun`` job (``python -m torch.distributed.run``) is forked too: its agent runs
+torchrun's own code, and starts its ranks through a *zygote*, a server of its own forked
+before the agent starts a thread (see ``server.py``), so each rank is a real process in
+the job's process tree, signalled by the agent as torchrun signals its workers.
+
 What a fork cannot give, and so what keeps a fresh interpreter (``subprocess``
-directly): import hygiene (what importing a module pulls in), a fresh install, a
-``torchrun`` job (agent and ranks), and environment variables read when
-a library is first imported (``OMP_NUM_THREADS`` and the like) — :func:`forkable`
-refuses a command that sets one of those. Stochastic state that a fresh interpreter
+directly): import hygiene (what importing a module pulls in), a fresh install, and
+environment variables read when a library is first imported (``MKL_NUM_THREADS`` and
+the like; ``OMP_NUM_THREADS`` the child applies as torch's start-up does) —
+:func:`forkable` refuses a command that sets one of those. Stochastic state that a fresh interpreter
 seeds from the OS (Python's ``random``, NumPy's global generator) is reseeded in each
 child; torch's default generator starts from its fixed default seed either way.
 
@@ -87,7 +92,10 @@ CORE_ABSENT = ("dvc", "hydra", "omegaconf", "matplotlib", "sklearn")
 # (PYTHONPATH and PYTHONUNBUFFERED the child applies itself; every other PYTHON* counts)
 IMPORT_TIME_ENV = ("PYTHON", "OMP_", "KMP_", "MKL_", "OPENBLAS_", "LD_", "TORCH_", "CUDA_")
 IMPORT_TIME_ENV += ("GIT_PYTHON_", "TQDM_", "MPLBACKEND", "MALLOC_", "LOGLEVEL")
-APPLIED_ENV = ("PYTHONPATH", "PYTHONUNBUFFERED")
+APPLIED_ENV = ("PYTHONPATH", "PYTHONUNBUFFERED", "OMP_NUM_THREADS")  # torch.set_num_threads
+# read when used, not on import, though named like the above (torchrun sets it for ranks)
+READ_ON_USE_ENV = ("TORCH_NCCL_ASYNC_ERROR_HANDLING",)
+TORCHRUN = "torch.distributed.run"
 _BASE_ENV = dict(os.environ)
 # this checkout's packages the server holds: a command that would import another copy
 # of one of them is not forkable
@@ -109,8 +117,9 @@ def _split(cmd: list[str]) -> tuple[str, str, list[str]] | None:
         if rest[0] == "-c" and len(rest) > 1:
             return "code", rest[1], rest[2:]
         if rest[0] == "-m" and len(rest) > 1:
-            # torchrun (agent and ranks) and torch's own tools: fresh interpreters
-            if rest[1].split(".")[0] == "torch":
+            # torch's own tools: fresh interpreters; but torchrun, whose ranks the server
+            # starts from a zygote of the agent's (see server.py)
+            if rest[1].split(".")[0] == "torch" and rest[1] != TORCHRUN:
                 return None
             return "module", rest[1], rest[2:]
         if rest[0].endswith(".py"):
@@ -141,7 +150,9 @@ def forkable(
         env = dict(os.environ)
     changed = {k for k, v in env.items() if _BASE_ENV.get(k) != v}
     changed |= {k for k in _BASE_ENV if k not in env}
-    if any(k.startswith(IMPORT_TIME_ENV) and k not in APPLIED_ENV for k in changed):
+    if any(
+        k.startswith(IMPORT_TIME_ENV) and k not in APPLIED_ENV + READ_ON_USE_ENV for k in changed
+    ):
         return False
     kind, target, _ = split
     here = os.path.abspath(cwd if cwd is not None else os.getcwd())

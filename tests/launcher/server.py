@@ -22,10 +22,11 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[2]))
 from tests import launcher as client  # noqa: E402
 
 sys.path.pop(0)
-CORE_ABSENT, PROFILES, ROOT, _HEADER = (
+CORE_ABSENT, PROFILES, ROOT, TORCHRUN, _HEADER = (
     client.CORE_ABSENT,
     client.PROFILES,
     client.ROOT,
+    client.TORCHRUN,
     client._HEADER,
 )
 
@@ -65,9 +66,10 @@ def _recv_request(conn: socket.socket) -> tuple[dict[str, Any], list[int]]:
     return json.loads(data[_HEADER.size : _HEADER.size + size]), list(fds)
 
 
-def _serve(path: str) -> dict[str, Any]:
+def _serve(path: str, ready: int = 1) -> dict[str, Any]:
     """Accept requests until stdin closes; fork a child per request. Returns only in a
-    child (its request); the server itself leaves through ``SystemExit``."""
+    child (its request); the server itself leaves through ``SystemExit``. ``ready``: the
+    file descriptor told ``ready`` once requests are accepted."""
     listener = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
     listener.bind(path)
     listener.listen(64)
@@ -81,7 +83,7 @@ def _serve(path: str) -> dict[str, Any]:
     sel.register(wake_r, selectors.EVENT_READ, "child")
     sel.register(sys.stdin.fileno(), selectors.EVENT_READ, "stdin")
     children: dict[int, socket.socket] = {}
-    print("ready", flush=True)
+    os.write(ready, b"ready\n")
     while True:
         for key, _ in sel.select():
             if key.data == "stdin":  # the test session is gone: so is every child
@@ -174,6 +176,11 @@ def _run(request: dict[str, Any], base_path: list[str]) -> None:
     os.environ.clear()
     os.environ.update(request["env"])
     _stdio(bool(os.environ.get("PYTHONUNBUFFERED")))
+    threads = os.environ.get("OMP_NUM_THREADS", "")
+    if threads.isdigit() and int(threads) > 0:  # what torch's start-up takes from it
+        import torch
+
+        torch.set_num_threads(int(threads))
     random.seed()
     if "numpy.random" in sys.modules:
         sys.modules["numpy.random"].seed()
@@ -188,6 +195,8 @@ def _run(request: dict[str, Any], base_path: list[str]) -> None:
     if request["profile"] == "full":  # a drill run here forks its runs from this server too
         client._SERVERS["full"] = client.Server("full", attach=request["server"])
         client.patch_drills()
+    if kind == "module" and target == TORCHRUN:
+        _ranks_from_a_zygote(base_path)
     if kind == "script":
         sys.argv = [target, *args]
         runpy.run_path(target, run_name="__main__")
@@ -203,10 +212,61 @@ def _run(request: dict[str, Any], base_path: list[str]) -> None:
         exec(compile(target, "<string>", "exec"), main.__dict__)
 
 
-def _server_main(path: str, profile: str) -> None:
-    base_path = _BASE_PATH
-    _preload(profile)
-    request = _serve(path)
+def _ranks_from_a_zygote(base_path: list[str]) -> None:
+    """In a torchrun agent, before it starts a thread: fork a *zygote*, a launcher server
+    of the agent's own (its child, so the job's process tree holds the ranks, and a kill
+    of the tree reaches them), and let the agent start its ranks as that server's
+    children: the same commands, environments and signals, without a fresh interpreter's
+    imports. The zygote ends, killing any rank still running, when the agent is gone."""
+    import tempfile
+
+    from torch.distributed.elastic.multiprocessing.subprocess_handler import (
+        subprocess_handler as handler,
+    )
+
+    path = os.path.join(tempfile.mkdtemp(prefix="launcher-ranks-"), "sock")
+    alive_r, alive_w = os.pipe()  # the agent holds alive_w open until it exits
+    ready_r, ready_w = os.pipe()
+    sys.stdout.flush()
+    sys.stderr.flush()
+    if os.fork() == 0:
+        os.close(alive_w)
+        os.close(ready_r)
+        os.dup2(alive_r, 0)
+        quiet = os.open(os.devnull, os.O_WRONLY)
+        for fd in (1, 2):  # the job's output is the ranks' own, not held open by the zygote
+            os.dup2(quiet, fd)
+        os.close(quiet)
+        try:
+            request = _serve(path, ready=ready_w)
+        except SystemExit:
+            os._exit(0)
+        os.close(ready_w)
+        _execute(request, base_path)  # a rank: never returns
+    os.close(alive_r)
+    os.close(ready_w)
+    with os.fdopen(ready_r) as ready:
+        if ready.readline().strip() != "ready":
+            raise RuntimeError("launcher: the ranks' zygote did not start")
+    client._SERVERS["ranks"] = client.Server("ranks", attach=path)
+    fresh = handler.SubprocessHandler._popen
+
+    def popen(self: Any, args: tuple[str, ...], env: dict[str, str]) -> Any:
+        cmd = list(args)
+        if cmd[:2] == [sys.executable, "-u"]:  # python -u script: unbuffered, as applied
+            cmd, env = [cmd[0], *cmd[2:]], {**env, "PYTHONUNBUFFERED": "1"}
+        if not client.forkable(cmd, env):
+            return fresh(self, args, env)
+        out, err = self._stdout, self._stderr
+        return client.Forked(
+            cmd, env=env, stdout=out, stderr=err, start_new_session=True, profile="ranks"
+        )
+
+    handler.SubprocessHandler._popen = popen
+
+
+def _execute(request: dict[str, Any], base_path: list[str]) -> None:
+    """Run ``request`` in this forked child and exit as a fresh interpreter would."""
     code = 0
     try:
         _run(request, base_path)
@@ -220,6 +280,11 @@ def _server_main(path: str, profile: str) -> None:
         sys.excepthook(type(err), err.with_traceback(tb), tb)
         code = -signal.SIGINT if isinstance(err, KeyboardInterrupt) else 1
     _finalize(code)
+
+
+def _server_main(path: str, profile: str) -> None:
+    _preload(profile)
+    _execute(_serve(path), _BASE_PATH)
 
 
 def _exit_code(code: object) -> int:

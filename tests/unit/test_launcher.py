@@ -8,8 +8,10 @@ import os
 import signal
 import subprocess
 import sys
+import time
 from pathlib import Path
 
+import psutil
 import pytest
 
 from tests import launcher
@@ -114,13 +116,11 @@ def test_wait_times_out_and_a_new_session_is_a_process_group_of_its_own():
 
 
 def test_what_it_cannot_fork_goes_to_a_fresh_interpreter(tmp_path):
-    assert not launcher.forkable([PY, "-m", "torch.distributed.run", "x.py"])
     assert not launcher.forkable([PY, "-m", "torch.utils.collect_env"])
     assert not launcher.forkable([PY, "-X", "importtime", "-c", "pass"])
     assert not launcher.forkable(["git", "--version"])
     # read as the libraries are imported: the preloaded server would not see it
-    threads = str(int(os.environ.get("OMP_NUM_THREADS", "1")) + 1)  # another than the base's
-    assert not launcher.forkable([PY, "-c", "pass"], {**os.environ, "OMP_NUM_THREADS": threads})
+    assert not launcher.forkable([PY, "-c", "pass"], {**os.environ, "MKL_NUM_THREADS": "3"})
     assert not launcher.forkable([PY, "-c", "pass"], {**os.environ, "LOGLEVEL": "INFO"})
     assert launcher.forkable([PY, "-c", "pass"], {**os.environ, "PYTHONPATH": "/x"})
     copy = tmp_path / "recovery"  # a copy of the project runs its own package
@@ -160,3 +160,47 @@ def test_a_drill_in_a_child_forks_its_runs_from_the_same_server(tmp_path):
     done = launcher.run([PY, "-c", code], capture_output=True, text=True, timeout=120)
     assert done.returncode == 0, done.stderr
     assert done.stdout.split() == ["True", str(-signal.SIGKILL)]
+
+
+RANK = """
+import os, sys, time, torch
+print(os.environ["RANK"], os.getpid(), torch.get_num_threads(), flush=True)
+while not os.path.exists(sys.argv[1]):
+    time.sleep(0.02)
+"""
+
+
+def test_a_torchrun_job_forks_its_ranks_into_the_agents_process_tree(tmp_path):
+    """The agent is forked; its two ranks come from its zygote: in the job's process tree
+    (a kill of the tree reaches them), with torchrun's OMP_NUM_THREADS=1 applied."""
+    script, release = tmp_path / "rank.py", tmp_path / "release"
+    script.write_text(RANK)
+    cmd = [PY, "-m", "torch.distributed.run", "--standalone", "--nproc_per_node=2"]
+    assert launcher.forkable(cmd)
+    agent = launcher.Popen([*cmd, str(script), str(release)], stdout=subprocess.PIPE, text=True)
+    assert isinstance(agent, launcher.Forked)
+    ranks = sorted(agent.stdout.readline().split() for _ in range(2))
+    tree = {p.pid for p in psutil.Process(agent.pid).children(recursive=True)}
+    assert [(r, int(pid) in tree, threads) for r, pid, threads in ranks] == [
+        ("0", True, "1"),
+        ("1", True, "1"),
+    ]
+    release.touch()
+    out, _ = agent.communicate(timeout=60)
+    assert agent.returncode == 0, out
+
+
+def test_killing_a_forked_torchrun_agent_ends_its_ranks(tmp_path):
+    """The zygote kills the ranks it still runs when its agent is gone (SIGKILL)."""
+    script = tmp_path / "rank.py"
+    script.write_text("import os, time\nprint(os.getpid(), flush=True)\ntime.sleep(120)\n")
+    cmd = [PY, "-m", "torch.distributed.run", "--standalone", "--nproc_per_node=2"]
+    agent = launcher.Popen([*cmd, str(script)], stdout=subprocess.PIPE, text=True)
+    pids = [int(agent.stdout.readline()) for _ in range(2)]
+    agent.kill()
+    assert agent.wait(timeout=30) == -signal.SIGKILL
+    deadline = time.monotonic() + 30
+    while any(psutil.pid_exists(p) and psutil.Process(p).status() != "zombie" for p in pids):
+        assert time.monotonic() < deadline, f"ranks {pids} outlived their agent"
+        time.sleep(0.05)
+    agent.stdout.close()
