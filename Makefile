@@ -34,11 +34,16 @@ lint: $(STAMP)
 # The whole suite, its 30 slowest tests and the total (lint included) printed at the end.
 # Test processes start from a preloaded launcher (tests/launcher/); -n 2: one pytest
 # worker per core (pytest-xdist), worksteal: an idle worker takes tests queued for the other.
+# Lint runs beside the tests (mypy and mkdocs use one core, and the tests wait on their
+# processes part of the time): its output is printed after theirs, and either failing
+# fails `make test`.
 test: $(STAMP)
-	@start=$$(date +%s); \
-	$(MAKE) --no-print-directory lint && \
-	$(BIN)/python -m pytest -q $(PYTEST_JOBS) --durations=30 $(PYTEST_ARGS); \
-	code=$$?; echo "make test: $$(( $$(date +%s) - start )) s in all, lint included"; exit $$code
+	@start=$$(date +%s); lintlog=$$(mktemp); \
+	$(MAKE) --no-print-directory lint >$$lintlog 2>&1 & lintpid=$$!; \
+	$(BIN)/python -m pytest -q $(PYTEST_JOBS) --durations=30 $(PYTEST_ARGS); code=$$?; \
+	wait $$lintpid; lintcode=$$?; cat $$lintlog; rm -f $$lintlog; \
+	[ $$lintcode -eq 0 ] || { echo "make test: lint failed (exit $$lintcode), above"; code=1; }; \
+	echo "make test: $$(( $$(date +%s) - start )) s in all, lint included"; exit $$code
 
 # The development loop (under 3 minutes): the unit tests and the key integration tests
 # (marked `key`): exact resume after SIGKILL, a drill, the DVC pipeline, torchrun.

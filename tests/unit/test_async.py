@@ -302,7 +302,9 @@ def test_async_saves_across_two_ranks_write_what_sync_saves_write(
     next step; every file equals the sync save's except DCP's metadata (it records the
     temp path and a save id); a rank failing in the background fails the save on every
     rank, raised at the same step, and commits nothing."""
-    mp.spawn(_ranks_job, args=(_free_port(), str(tmp_path), str(signer.path), strategy), nprocs=2)
+    # forked: the ranks need not import torch again (this process holds no process group)
+    args = (_free_port(), str(tmp_path), str(signer.path), strategy)
+    mp.start_processes(_ranks_job, args=args, nprocs=2, start_method="fork")
     seen = [json.loads((tmp_path / f"result-{r}.json").read_text()) for r in (0, 1)]
     assert [s["sync"]["failed_at"] for s in seen] == [None, None]
     assert [s["async"]["failed_at"] for s in seen] == [None, None]
