@@ -3,7 +3,8 @@ PY ?= python3
 VENV := .venv
 BIN := $(VENV)/bin
 STAMP := $(VENV)/.installed
-PYTEST_JOBS ?= -n 2 --dist worksteal
+# one pytest worker more than the cores: the tests wait on their processes part of the time
+PYTEST_JOBS ?= -n $(shell echo $$(( $$(nproc) + 1 ))) --dist worksteal
 
 .PHONY: demo test test-fast lint docs install clean bench bench-dist bench-diff
 
@@ -32,8 +33,9 @@ lint: $(STAMP)
 	NO_MKDOCS_2_WARNING=1 $(BIN)/mkdocs build --strict --quiet --site-dir site
 
 # The whole suite, its 30 slowest tests and the total (lint included) printed at the end.
-# Test processes start from a preloaded launcher (tests/launcher/); -n 2: one pytest
-# worker per core (pytest-xdist), worksteal: an idle worker takes tests queued for the other.
+# Test processes start from a preloaded launcher (tests/launcher/); PYTEST_JOBS: one pytest
+# worker more than the cores (pytest-xdist; 3 on 2 cores: 523 s for the integration tests
+# where 2 took 740 s), worksteal: an idle worker takes tests queued for another.
 # Lint runs beside the tests (mypy and mkdocs use one core, and the tests wait on their
 # processes part of the time): its output is printed after theirs, and either failing
 # fails `make test`.
