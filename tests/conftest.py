@@ -169,6 +169,14 @@ def _launched():
     launcher.close_all()
 
 
+@pytest.fixture(autouse=True)
+def _copies_launched():
+    """A test's copy of the project gets a launcher server of its own (the first command
+    that runs the copy's code starts it), which ends with the test."""
+    yield
+    launcher.close_copies()
+
+
 @pytest.fixture(autouse=True, scope="session")
 def _per_user_config(tmp_path_factory):
     """The per-user dev key directory ($XDG_CONFIG_HOME) of the tests: never the real ~/.config."""

@@ -208,12 +208,13 @@ def reference(shared_dir, data_root, signer):
 
 
 def console(cmd: tuple[str, ...] | list[str]) -> list[str]:
-    """``cmd`` with ``dvc`` or ``recovery`` named by the venv's console script, so that the
+    """``cmd`` with ``dvc``, ``recovery`` or ``python`` named by the venv's, so that the
     launcher can fork it (the script a search of PATH finds first where the venv's bin
     leads PATH, as the DVC tests set it)."""
     head, *rest = cmd
     bin_dir = Path(sys.executable).parent
-    return [str(bin_dir / head), *rest] if head in ("dvc", "recovery") else [head, *rest]
+    known = ("dvc", "recovery", "python")
+    return [str(bin_dir / head), *rest] if head in known else [head, *rest]
 
 
 def recovery_export(overrides: list[str], signer) -> subprocess.CompletedProcess[str]:

@@ -39,7 +39,9 @@ import contextlib
 import io
 import json
 import os
+import re
 import select
+import shutil
 import signal
 import socket
 import struct
@@ -139,13 +141,23 @@ def _split(cmd: list[str]) -> tuple[str, str, list[str]] | None:
 def forkable(
     cmd: list[str], env: dict[str, str] | None = None, cwd: str | os.PathLike[str] | None = None
 ) -> bool:
-    """Whether the launcher can run ``cmd`` as a fresh interpreter would: one of the forms
-    :func:`_split` knows, no variable read at import time changed, and no other copy of a
-    preloaded package of this checkout where the command would import it from (a copy
-    of the project runs its own code)."""
+    """Whether the launcher can run ``cmd`` as a fresh interpreter would (see
+    :func:`root_for`)."""
+    return root_for(cmd, env, cwd) is not None
+
+
+def root_for(
+    cmd: list[str], env: dict[str, str] | None = None, cwd: str | os.PathLike[str] | None = None
+) -> Path | None:
+    """The project root whose server can run ``cmd`` as a fresh interpreter would, or None:
+    one of the forms :func:`_split` knows, no variable read at import time changed, and
+    the project's packages found where the command would import them from all in one
+    directory: this checkout's (:data:`ROOT`), or a copy of the project's, whose own
+    server preloads the copy (a copy runs its own code: its ``__file__`` paths, its
+    edits)."""
     split = _split(list(cmd))
     if split is None:
-        return False
+        return None
     if env is None:
         env = dict(os.environ)
     changed = {k for k, v in env.items() if _BASE_ENV.get(k) != v}
@@ -153,27 +165,32 @@ def forkable(
     if any(
         k.startswith(IMPORT_TIME_ENV) and k not in APPLIED_ENV + READ_ON_USE_ENV for k in changed
     ):
-        return False
+        return None
     kind, target, _ = split
     here = os.path.abspath(cwd if cwd is not None else os.getcwd())
     first = os.path.dirname(os.path.realpath(os.path.join(here, target)))
     entries = [first if kind == "script" else here]
     entries += [os.path.join(here, p) for p in env.get("PYTHONPATH", "").split(os.pathsep) if p]
+    homes = set()
     for entry in entries:
         for name in OWN_PACKAGES:
             copy = os.path.join(entry, name)
-            package = os.path.isdir(copy) or os.path.exists(copy + ".py")
-            if package and os.path.realpath(copy) != str(ROOT / name):
-                return False
-    return True
+            if os.path.isfile(os.path.join(copy, "__init__.py")):
+                homes.add(os.path.dirname(os.path.realpath(copy)))
+            elif os.path.isdir(copy) or os.path.exists(copy + ".py"):
+                return None  # a module or namespace package of that name: not the project's
+    if len(homes) > 1:
+        return None  # some of the project's packages from one place, some from another
+    return Path(homes.pop()) if homes else ROOT
 
 
 class Server:
-    """One preloaded server process (started on first use)."""
+    """One preloaded server process (started on first use) for a project ``root``."""
 
-    def __init__(self, profile: str, *, attach: str | None = None) -> None:
+    def __init__(self, profile: str, *, attach: str | None = None, root: Path = ROOT) -> None:
         """``attach``: the socket of a running server (in one of its children)."""
         self.profile = profile
+        self.root = root
         self._proc: subprocess.Popen[str] | None = None
         self._attached = attach is not None
         self._dir = os.path.dirname(attach) if attach else tempfile.mkdtemp(prefix="launcher-")
@@ -183,7 +200,7 @@ class Server:
     def _start(self) -> None:
         env = {k: v for k, v in _BASE_ENV.items() if k not in APPLIED_ENV}
         self._proc = subprocess.Popen(
-            [sys.executable, str(SERVER), self.path, self.profile],
+            [sys.executable, str(SERVER), self.path, self.profile, str(self.root)],
             stdin=subprocess.PIPE,
             stdout=subprocess.PIPE,
             text=True,
@@ -194,6 +211,10 @@ class Server:
         if line.strip() != "ready":
             self._proc.wait()
             raise RuntimeError(f"launcher ({self.profile}) did not start: {line!r}")
+
+    def up(self) -> bool:
+        """Whether it runs (started here and alive, or attached)."""
+        return self._attached or (self._proc is not None and self._proc.poll() is None)
 
     def connect(self) -> socket.socket:
         with self._lock:
@@ -219,19 +240,33 @@ class Server:
             os.rmdir(self._dir)
 
 
-_SERVERS: dict[str, Server] = {}
+_SERVERS: dict[tuple[str, Path], Server] = {}
+# in a child of a server: it uses the servers it was told of, and starts none of its own
+# (they would end with it)
+_CHILD = False
 
 
-def server(profile: str = "full") -> Server:
-    if profile not in _SERVERS:
-        _SERVERS[profile] = Server(profile)
-    return _SERVERS[profile]
+def server(profile: str = "full", root: Path = ROOT) -> Server | None:
+    """The server of ``profile`` for project ``root`` (None in a child that was not
+    told of one)."""
+    key = (profile, root)
+    if key not in _SERVERS:
+        if _CHILD:
+            return None
+        _SERVERS[key] = Server(profile, root=root)
+    return _SERVERS[key]
 
 
 def close_all() -> None:
     for srv in _SERVERS.values():
         srv.close()
     _SERVERS.clear()
+
+
+def close_copies() -> None:
+    """End the servers of project copies (each test's own copy: not used again)."""
+    for key in [k for k in _SERVERS if k[1] != ROOT]:
+        _SERVERS.pop(key).close()
 
 
 def _fd(spec: Any, default: int, opened: list[int]) -> tuple[int, int | None]:
@@ -266,8 +301,12 @@ class Forked:
         stderr: Any = None,
         text: bool = False,
         start_new_session: bool = False,
-        profile: str = "full",
+        srv: Server | None = None,
     ) -> None:
+        """``srv``: the server to run it (by default this checkout's ``full`` one)."""
+        srv = srv or server()
+        if srv is None:
+            raise ValueError(f"launcher: no server to run {args!r}")
         split = _split(list(args))
         if split is None:
             raise ValueError(f"launcher: cannot run {args!r}")
@@ -289,10 +328,12 @@ class Forked:
                 "env": dict(os.environ if env is None else env),
                 "cwd": os.path.abspath(cwd) if cwd is not None else os.getcwd(),
                 "new_session": start_new_session,
-                "profile": profile,
+                "profile": srv.profile,
+                "root": str(srv.root),
+                "server": srv.path,
+                # every server this process has started: the child's own launches use them
+                "servers": [[k[0], str(k[1]), v.path] for k, v in _SERVERS.items() if v.up()],
             }
-            srv = server(profile)
-            request["server"] = srv.path
             body = json.dumps(request).encode()
             self._sock = srv.connect()
             socket.send_fds(self._sock, [_HEADER.pack(len(body)) + body], [in_fd, out_fd, err_fd])
@@ -394,11 +435,29 @@ class Forked:
         self.wait()
 
 
+def _server_for(args: Any, kwargs: dict[str, Any], profile: str) -> Server | None:
+    """The server that can run ``args`` with these Popen ``kwargs``, if one can."""
+    if isinstance(args, (str, bytes)) or not _plain(kwargs):
+        return None
+    root = root_for(list(args), kwargs.get("env"), kwargs.get("cwd"))
+    if root is None:
+        return None
+    srv = server(profile, root)
+    if srv is None or root == ROOT:
+        return srv
+    try:  # a copy's server is started here, so that a copy it cannot preload runs fresh
+        srv.connect().close()
+    except (RuntimeError, OSError):
+        _SERVERS.pop((profile, root), None)
+        return None
+    return srv
+
+
 def Popen(args: list[str], **kwargs: Any) -> Any:
     """:class:`Forked` where the launcher can run ``args``, else :class:`subprocess.Popen`."""
-    profile = kwargs.pop("profile", "full")
-    if forkable(list(args), kwargs.get("env"), kwargs.get("cwd")) and _plain(kwargs):
-        return Forked(list(args), profile=profile, **kwargs)
+    srv = _server_for(args, kwargs, kwargs.pop("profile", "full"))
+    if srv is not None:
+        return Forked(list(args), srv=srv, **kwargs)
     return subprocess.Popen(args, **kwargs)
 
 
@@ -413,9 +472,10 @@ def run(args: list[str], **kwargs: Any) -> subprocess.CompletedProcess[Any]:
         kwargs["stdout"] = kwargs["stderr"] = subprocess.PIPE
     if data is not None:
         kwargs["stdin"] = subprocess.PIPE
-    if not (forkable(list(args), kwargs.get("env"), kwargs.get("cwd")) and _plain(kwargs)):
+    srv = _server_for(args, kwargs, profile)
+    if srv is None:
         return subprocess.run(args, input=data, timeout=timeout, check=check, **kwargs)
-    with Forked(list(args), profile=profile, **kwargs) as proc:
+    with Forked(list(args), srv=srv, **kwargs) as proc:
         try:
             out, err = proc.communicate(data, timeout=timeout)
         except subprocess.TimeoutExpired:
@@ -441,6 +501,45 @@ def patch(module: Any) -> None:
     module.subprocess = shim
 
 
+# the words of a command that a shell runs as they are: no quoting, expansion, redirection
+# or sequencing to do (and no variable assignment: no "=" in the first word)
+_PLAIN_WORD = re.compile(r"[\w./=+:@%,-]+")
+SHELLS = ("sh", "bash", "dash", "zsh")
+
+
+def unshell(args: Any, env: dict[str, str] | None) -> list[str] | None:
+    """The argv that ``[shell, *options, "-c", command]`` would run, when ``command`` is
+    one simple command of plain words and its program is found on ``env``'s ``PATH``."""
+    if not isinstance(args, list) or len(args) < 3 or args[-2] != "-c":
+        return None
+    if os.path.basename(str(args[0])) not in SHELLS:
+        return None
+    words = str(args[-1]).split()
+    if not words or "=" in words[0] or not all(_PLAIN_WORD.fullmatch(w) for w in words):
+        return None
+    exe = shutil.which(words[0], path=(env if env is not None else os.environ).get("PATH"))
+    return [exe, *words[1:]] if exe else None
+
+
+def patch_dvc_stages() -> None:
+    """Let DVC's stage runner (``dvc repro``, ``dvc exp run``) start a stage's command
+    through the launcher where its shell would only have run one plain command."""
+    import types
+
+    from dvc.stage import run as stage_run
+
+    shim = types.SimpleNamespace(**{k: getattr(subprocess, k) for k in subprocess.__all__})
+
+    def popen(args: Any, **kwargs: Any) -> Any:
+        argv = unshell(args, kwargs.get("env"))
+        if argv is not None and _server_for(argv, dict(kwargs), "full") is not None:
+            return Popen(argv, **kwargs)
+        return subprocess.Popen(args, **kwargs)
+
+    shim.Popen = popen
+    stage_run.subprocess = shim  # type: ignore[attr-defined]
+
+
 def patch_drills() -> None:
     """Let :mod:`recovery.tools.drill.runs` start its runs through the launcher."""
     from recovery.tools.drill import runs as drill_runs
@@ -452,7 +551,11 @@ _KNOWN = {"env", "cwd", "stdin", "stdout", "stderr", "text", "start_new_session"
 
 
 def _plain(kwargs: dict[str, Any]) -> bool:
-    """Only the Popen arguments the launcher honours (anything else: a real subprocess)."""
+    """Only the Popen arguments the launcher honours (anything else: a real subprocess).
+    ``close_fds=True`` and ``shell=False`` are Popen's defaults, which a child has."""
     if "universal_newlines" in kwargs:
         kwargs["text"] = kwargs.pop("universal_newlines")
+    for name, default in (("close_fds", True), ("shell", False)):
+        if name in kwargs and kwargs[name] == default:
+            del kwargs[name]
     return set(kwargs) <= _KNOWN

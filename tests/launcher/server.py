@@ -31,11 +31,16 @@ CORE_ABSENT, PROFILES, ROOT, TORCHRUN, _HEADER = (
 )
 
 
-def _preload(profile: str) -> None:
+def _preload(profile: str, root: Path) -> None:
+    """Import ``profile``'s modules, the project's packages from ``root`` (this checkout
+    or a copy of the project; a package the copy lacks comes from where it is installed,
+    as in a fresh interpreter, and ``recipes``, installed nowhere, is then left out)."""
     import importlib
 
-    sys.path.insert(1, str(ROOT))  # the recipes package beside train.py
+    sys.path.insert(1, str(root))  # the recipes package beside train.py
     for name in PROFILES[profile]:
+        if name.split(".")[0] == "recipes" and not (root / "recipes").is_dir():
+            continue
         importlib.import_module(name)
     if profile == "full":
         import pkgutil
@@ -48,7 +53,7 @@ def _preload(profile: str) -> None:
         loaded = sorted({m.split(".")[0] for m in sys.modules} & set(CORE_ABSENT))
         if loaded:
             raise SystemExit(f"launcher: the core profile imported {loaded}")
-    sys.path.remove(str(ROOT))
+    sys.path.remove(str(root))
     import gc
 
     gc.collect()
@@ -192,11 +197,19 @@ def _run(request: dict[str, Any], base_path: list[str]) -> None:
         "module": os.getcwd,
     }[kind]()
     sys.path[:] = [first, *(os.path.abspath(p) for p in extra), *base_path]
-    if request["profile"] == "full":  # a drill run here forks its runs from this server too
-        client._SERVERS["full"] = client.Server("full", attach=request["server"])
+    client._CHILD = True
+    root = Path(request["root"])
+    if request["profile"] == "full":  # a drill run here forks its runs from this server too,
+        # and a DVC stage command run here (dvc repro) its command
+        for profile, home, path in request["servers"]:
+            client._SERVERS[(profile, Path(home))] = client.Server(
+                profile, attach=path, root=Path(home)
+            )
+        client._SERVERS[("full", root)] = client.Server("full", attach=request["server"], root=root)
         client.patch_drills()
+        client.patch_dvc_stages()
     if kind == "module" and target == TORCHRUN:
-        _ranks_from_a_zygote(base_path)
+        _ranks_from_a_zygote(base_path, root)
     if kind == "script":
         sys.argv = [target, *args]
         runpy.run_path(target, run_name="__main__")
@@ -212,7 +225,7 @@ def _run(request: dict[str, Any], base_path: list[str]) -> None:
         exec(compile(target, "<string>", "exec"), main.__dict__)
 
 
-def _ranks_from_a_zygote(base_path: list[str]) -> None:
+def _ranks_from_a_zygote(base_path: list[str], root: Path) -> None:
     """In a torchrun agent, before it starts a thread: fork a *zygote*, a launcher server
     of the agent's own (its child, so the job's process tree holds the ranks, and a kill
     of the tree reaches them), and let the agent start its ranks as that server's
@@ -248,18 +261,18 @@ def _ranks_from_a_zygote(base_path: list[str]) -> None:
     with os.fdopen(ready_r) as ready:
         if ready.readline().strip() != "ready":
             raise RuntimeError("launcher: the ranks' zygote did not start")
-    client._SERVERS["ranks"] = client.Server("ranks", attach=path)
+    zygote = client.Server("ranks", attach=path, root=root)
     fresh = handler.SubprocessHandler._popen
 
     def popen(self: Any, args: tuple[str, ...], env: dict[str, str]) -> Any:
         cmd = list(args)
         if cmd[:2] == [sys.executable, "-u"]:  # python -u script: unbuffered, as applied
             cmd, env = [cmd[0], *cmd[2:]], {**env, "PYTHONUNBUFFERED": "1"}
-        if not client.forkable(cmd, env):
+        if client.root_for(cmd, env) != root:
             return fresh(self, args, env)
         out, err = self._stdout, self._stderr
         return client.Forked(
-            cmd, env=env, stdout=out, stderr=err, start_new_session=True, profile="ranks"
+            cmd, env=env, stdout=out, stderr=err, start_new_session=True, srv=zygote
         )
 
     handler.SubprocessHandler._popen = popen
@@ -282,8 +295,8 @@ def _execute(request: dict[str, Any], base_path: list[str]) -> None:
     _finalize(code)
 
 
-def _server_main(path: str, profile: str) -> None:
-    _preload(profile)
+def _server_main(path: str, profile: str, root: Path) -> None:
+    _preload(profile, root)
     _execute(_serve(path), _BASE_PATH)
 
 
@@ -318,4 +331,4 @@ def _finalize(code: int) -> None:
 
 
 if __name__ == "__main__":
-    _server_main(sys.argv[1], sys.argv[2])
+    _server_main(sys.argv[1], sys.argv[2], Path(sys.argv[3]))

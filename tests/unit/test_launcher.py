@@ -5,6 +5,7 @@ working directory, streams — and what it cannot run goes to a real fresh inter
 from __future__ import annotations
 
 import os
+import shutil
 import signal
 import subprocess
 import sys
@@ -123,7 +124,7 @@ def test_what_it_cannot_fork_goes_to_a_fresh_interpreter(tmp_path):
     assert not launcher.forkable([PY, "-c", "pass"], {**os.environ, "MKL_NUM_THREADS": "3"})
     assert not launcher.forkable([PY, "-c", "pass"], {**os.environ, "LOGLEVEL": "INFO"})
     assert launcher.forkable([PY, "-c", "pass"], {**os.environ, "PYTHONPATH": "/x"})
-    copy = tmp_path / "recovery"  # a copy of the project runs its own package
+    copy = tmp_path / "recovery"  # a directory of that name, not the project's package
     copy.mkdir()
     (tmp_path / "train.py").write_text("")
     assert not launcher.forkable([PY, str(tmp_path / "train.py")])
@@ -204,3 +205,43 @@ def test_killing_a_forked_torchrun_agent_ends_its_ranks(tmp_path):
         assert time.monotonic() < deadline, f"ranks {pids} outlived their agent"
         time.sleep(0.05)
     agent.stdout.close()
+
+
+def test_a_copy_of_the_project_runs_its_own_code_from_a_server_of_its_own(tmp_path):
+    """A command that would import a copy's packages is forked from the copy's own server
+    (its ``__file__`` paths and edits are the copy's), which ends with the test; one that
+    mixes a copy with this checkout runs fresh."""
+    copy = tmp_path / "proj"
+    for name in ("recovery", "recipes"):
+        shutil.copytree(
+            launcher.ROOT / name, copy / name, ignore=shutil.ignore_patterns("__pycache__")
+        )
+    with open(copy / "recipes" / "__init__.py", "a") as fh:
+        fh.write("\nEDITED_IN_THE_COPY = True\n")
+    code = "import recovery, recipes; print(recovery.__file__, recipes.EDITED_IN_THE_COPY)"
+    assert launcher.root_for([PY, "-c", code], cwd=copy) == copy
+    done = launcher.run([PY, "-c", code], cwd=copy, capture_output=True, text=True)
+    assert done.returncode == 0, done.stderr
+    assert done.stdout.split() == [str(copy / "recovery" / "__init__.py"), "True"]
+    assert ("full", copy) in launcher._SERVERS
+    mixed = {**os.environ, "PYTHONPATH": str(launcher.ROOT)}
+    assert launcher.root_for([PY, "-c", code], mixed, cwd=copy) is None
+
+
+@pytest.mark.parametrize(
+    ("command", "argv"),
+    [
+        ("python -m recipes.prepare", [PY, "-m", "recipes.prepare"]),
+        ("python train.py train.steps=40 -Sseed=1", [PY, "train.py", "train.steps=40", "-Sseed=1"]),
+        ("python train.py > log", None),  # a redirection: the shell's
+        ("python train.py; recovery ls", None),
+        ("python 'train.py'", None),  # quoting
+        ("SEED=1 python train.py", None),  # an assignment
+        ("python train.py ~/x", None),  # tilde expansion
+        ("no-such-program-here x", None),
+    ],
+)
+def test_a_stage_command_runs_without_its_shell_only_when_the_shell_would_do_nothing(command, argv):
+    env = {**os.environ, "PATH": f"{Path(PY).parent}:{os.environ['PATH']}"}
+    assert launcher.unshell(["/bin/bash", "--noprofile", "--norc", "-c", command], env) == argv
+    assert launcher.unshell(["/usr/bin/fish", "-c", command], env) is None
