@@ -191,7 +191,7 @@ class Server:
         """``attach``: the socket of a running server (in one of its children)."""
         self.profile = profile
         self.root = root
-        self._proc: subprocess.Popen[str] | None = None
+        self._proc: Any = None  # subprocess.Popen, or Forked for a copy's server
         self._attached = attach is not None
         self._dir = os.path.dirname(attach) if attach else tempfile.mkdtemp(prefix="launcher-")
         self.path = attach or os.path.join(self._dir, "sock")
@@ -199,14 +199,28 @@ class Server:
 
     def _start(self) -> None:
         env = {k: v for k, v in _BASE_ENV.items() if k not in APPLIED_ENV}
-        self._proc = subprocess.Popen(
-            [sys.executable, str(SERVER), self.path, self.profile, str(self.root)],
-            stdin=subprocess.PIPE,
-            stdout=subprocess.PIPE,
-            text=True,
-            env=env,
-            cwd=self._dir,
-        )
+        main = server(self.profile) if self.root != ROOT else None
+        if main is not None:  # a copy's server: a child of this checkout's, which re-imports
+            # the project's packages from the copy (the rest is preloaded already)
+            self._proc = Forked(
+                [sys.executable, "-c", ""],
+                srv=main,
+                stdin=subprocess.PIPE,
+                stdout=subprocess.PIPE,
+                text=True,
+                env=env,
+                cwd=self._dir,
+                serve=(str(self.root), self.path),
+            )
+        else:
+            self._proc = subprocess.Popen(
+                [sys.executable, str(SERVER), self.path, self.profile, str(self.root)],
+                stdin=subprocess.PIPE,
+                stdout=subprocess.PIPE,
+                text=True,
+                env=env,
+                cwd=self._dir,
+            )
         line = self._proc.stdout.readline() if self._proc.stdout else ""
         if line.strip() != "ready":
             self._proc.wait()
@@ -258,6 +272,7 @@ def server(profile: str = "full", root: Path = ROOT) -> Server | None:
 
 
 def close_all() -> None:
+    close_copies()  # first: each is a child of this checkout's server
     for srv in _SERVERS.values():
         srv.close()
     _SERVERS.clear()
@@ -302,12 +317,15 @@ class Forked:
         text: bool = False,
         start_new_session: bool = False,
         srv: Server | None = None,
+        serve: tuple[str, str] | None = None,
     ) -> None:
-        """``srv``: the server to run it (by default this checkout's ``full`` one)."""
+        """``srv``: the server to run it (by default this checkout's ``full`` one);
+        ``serve``: instead of ``args``, become the server of a copy of the project
+        ``(root, socket)``."""
         srv = srv or server()
         if srv is None:
             raise ValueError(f"launcher: no server to run {args!r}")
-        split = _split(list(args))
+        split = ("copy-server", serve[0], [serve[1]]) if serve else _split(list(args))
         if split is None:
             raise ValueError(f"launcher: cannot run {args!r}")
         kind, target, rest = split

@@ -191,6 +191,8 @@ def _run(request: dict[str, Any], base_path: list[str]) -> None:
         sys.modules["numpy.random"].seed()
     extra = [p for p in os.environ.get("PYTHONPATH", "").split(os.pathsep) if p]
     kind, target, args = request["kind"], request["target"], request["args"]
+    if kind == "copy-server":
+        _serve_a_copy(Path(target), args[0], base_path)  # never returns
     first = {
         "script": lambda: os.path.dirname(os.path.realpath(target)),
         "code": lambda: "",
@@ -223,6 +225,21 @@ def _run(request: dict[str, Any], base_path: list[str]) -> None:
         main.__dict__["__builtins__"] = __builtins__
         sys.modules["__main__"] = main
         exec(compile(target, "<string>", "exec"), main.__dict__)
+
+
+def _serve_a_copy(root: Path, path: str, base_path: list[str]) -> None:
+    """Become the server of the project copy at ``root``: the project's packages imported
+    again from the copy (what else the profile preloads, this process holds already),
+    then serve on ``path`` until standard input closes."""
+    for name in [m for m in sys.modules if m.split(".")[0] in client.OWN_PACKAGES]:
+        del sys.modules[name]
+    sys.path[:] = base_path
+    _preload("full", root)
+    try:
+        request = _serve(path)
+    except SystemExit:
+        _finalize(0)
+    _execute(request, base_path)  # a command for the copy: never returns
 
 
 def _ranks_from_a_zygote(base_path: list[str], root: Path) -> None:

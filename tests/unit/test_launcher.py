@@ -219,12 +219,13 @@ def test_a_copy_of_the_project_runs_its_own_code_from_a_server_of_its_own(tmp_pa
     with open(copy / "recipes" / "__init__.py", "a") as fh:
         fh.write("\nEDITED_IN_THE_COPY = True\n")
     code = "import recovery, recipes; print(recovery.__file__, recipes.EDITED_IN_THE_COPY)"
-    assert launcher.root_for([PY, "-c", code], cwd=copy) == copy
-    done = launcher.run([PY, "-c", code], cwd=copy, capture_output=True, text=True)
+    env = {k: v for k, v in os.environ.items() if k != "PYTHONPATH"}  # the copy's code only
+    assert launcher.root_for([PY, "-c", code], env, cwd=copy) == copy
+    done = launcher.run([PY, "-c", code], cwd=copy, env=env, capture_output=True, text=True)
     assert done.returncode == 0, done.stderr
     assert done.stdout.split() == [str(copy / "recovery" / "__init__.py"), "True"]
     assert ("full", copy) in launcher._SERVERS
-    mixed = {**os.environ, "PYTHONPATH": str(launcher.ROOT)}
+    mixed = {**env, "PYTHONPATH": str(launcher.ROOT)}
     assert launcher.root_for([PY, "-c", code], mixed, cwd=copy) is None
 
 
