@@ -161,9 +161,12 @@ def checkpoint(tmp_path, signer):
 
 
 @pytest.fixture(autouse=True, scope="session")
-def _launched():
+def _launched(shared_dir):
     """Test processes start from the preloaded launcher (:mod:`tests.launcher`), drills'
-    runs included; its servers end with the session."""
+    runs included; its servers are shared by the session's workers (one preload each,
+    not one per worker) and end with the session (its controller, under xdist)."""
+    xdist = bool(os.environ.get("PYTEST_XDIST_WORKER"))
+    launcher.share(shared_dir, os.getppid() if xdist else os.getpid())
     launcher.patch_drills()
     yield
     launcher.close_all()

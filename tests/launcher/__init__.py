@@ -187,10 +187,19 @@ def root_for(
 class Server:
     """One preloaded server process (started on first use) for a project ``root``."""
 
-    def __init__(self, profile: str, *, attach: str | None = None, root: Path = ROOT) -> None:
-        """``attach``: the socket of a running server (in one of its children)."""
+    def __init__(
+        self,
+        profile: str,
+        *,
+        attach: str | None = None,
+        root: Path = ROOT,
+        watch: int | None = None,
+    ) -> None:
+        """``attach``: the socket of a running server (in one of its children); ``watch``:
+        a process whose end ends the server (else the end of this one)."""
         self.profile = profile
         self.root = root
+        self.watch = watch
         self._proc: Any = None  # subprocess.Popen, or Forked for a copy's server
         self._attached = attach is not None
         self._dir = os.path.dirname(attach) if attach else tempfile.mkdtemp(prefix="launcher-")
@@ -214,8 +223,9 @@ class Server:
             )
         else:
             self._proc = subprocess.Popen(
-                [sys.executable, str(SERVER), self.path, self.profile, str(self.root)],
-                stdin=subprocess.PIPE,
+                [sys.executable, str(SERVER), self.path, self.profile, str(self.root)]
+                + ([str(self.watch)] if self.watch else []),
+                stdin=subprocess.DEVNULL if self.watch else subprocess.PIPE,
                 stdout=subprocess.PIPE,
                 text=True,
                 env=env,
@@ -260,6 +270,18 @@ _SERVERS: dict[tuple[str, Path], Server] = {}
 _CHILD = False
 
 
+# set by share(): where this checkout's servers are found by every test worker
+_SHARED: tuple[Path, int] | None = None
+
+
+def share(directory: Path, session: int) -> None:
+    """Share this checkout's servers with the other workers of the test session: the
+    first worker to need one starts it and names its socket in ``directory``, the
+    others use it; it ends when process ``session`` (the session's controller) does."""
+    global _SHARED
+    _SHARED = (directory, session)
+
+
 def server(profile: str = "full", root: Path = ROOT) -> Server | None:
     """The server of ``profile`` for project ``root`` (None in a child that was not
     told of one)."""
@@ -267,8 +289,26 @@ def server(profile: str = "full", root: Path = ROOT) -> Server | None:
     if key not in _SERVERS:
         if _CHILD:
             return None
-        _SERVERS[key] = Server(profile, root=root)
+        if root == ROOT and _SHARED is not None:
+            _SERVERS[key] = _shared(profile, *_SHARED)
+        else:
+            _SERVERS[key] = Server(profile, root=root)
     return _SERVERS[key]
+
+
+def _shared(profile: str, directory: Path, session: int) -> Server:
+    """The session's server of ``profile``: started here if no worker has started it."""
+    import fcntl
+
+    record = directory / f"launcher-{profile}.socket"
+    with open(directory / f"launcher-{profile}.lock", "w") as lock:
+        fcntl.flock(lock, fcntl.LOCK_EX)  # released when the file closes
+        if record.exists():
+            return Server(profile, attach=record.read_text())
+        started = Server(profile, watch=session)
+        started.connect().close()
+        record.write_text(started.path)
+    return Server(profile, attach=started.path)  # this worker's end does not end it
 
 
 def close_all() -> None:

@@ -71,10 +71,11 @@ def _recv_request(conn: socket.socket) -> tuple[dict[str, Any], list[int]]:
     return json.loads(data[_HEADER.size : _HEADER.size + size]), list(fds)
 
 
-def _serve(path: str, ready: int = 1) -> dict[str, Any]:
-    """Accept requests until stdin closes; fork a child per request. Returns only in a
-    child (its request); the server itself leaves through ``SystemExit``. ``ready``: the
-    file descriptor told ``ready`` once requests are accepted."""
+def _serve(path: str, ready: int = 1, watch: int | None = None) -> dict[str, Any]:
+    """Accept requests until stdin closes (with ``watch``: until that process ends);
+    fork a child per request. Returns only in a child (its request); the server itself
+    leaves through ``SystemExit``, killing its children. ``ready``: the file descriptor
+    told ``ready`` once requests are accepted."""
     listener = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
     listener.bind(path)
     listener.listen(64)
@@ -86,16 +87,17 @@ def _serve(path: str, ready: int = 1) -> dict[str, Any]:
     sel = selectors.DefaultSelector()
     sel.register(listener, selectors.EVENT_READ, "accept")
     sel.register(wake_r, selectors.EVENT_READ, "child")
-    sel.register(sys.stdin.fileno(), selectors.EVENT_READ, "stdin")
+    if watch is None:
+        sel.register(sys.stdin.fileno(), selectors.EVENT_READ, "stdin")
     children: dict[int, socket.socket] = {}
     os.write(ready, b"ready\n")
     while True:
-        for key, _ in sel.select():
-            if key.data == "stdin":  # the test session is gone: so is every child
-                for pid in children:
-                    with contextlib.suppress(ProcessLookupError):
-                        os.kill(pid, signal.SIGKILL)
-                raise SystemExit(0)
+        events = sel.select(timeout=None if watch is None else 1.0)
+        if watch is not None and not _alive(watch):
+            _end(children)
+        for key, _ in events:
+            if key.data == "stdin":
+                _end(children)
             if key.data == "child":
                 with contextlib.suppress(BlockingIOError):
                     while os.read(wake_r, 512):
@@ -130,6 +132,24 @@ def _serve(path: str, ready: int = 1) -> dict[str, Any]:
             children[pid] = conn
             conn.sendall(json.dumps({"pid": pid}).encode() + b"\n")
             _reap(children)  # a child may have ended before its conn was registered
+
+
+def _end(children: dict[int, socket.socket]) -> None:
+    """The test session is gone: so is every child, and the server."""
+    for pid in children:
+        with contextlib.suppress(ProcessLookupError):
+            os.kill(pid, signal.SIGKILL)
+    raise SystemExit(0)
+
+
+def _alive(pid: int) -> bool:
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    except PermissionError:
+        return True
+    return True
 
 
 def _reap(children: dict[int, socket.socket]) -> None:
@@ -312,9 +332,9 @@ def _execute(request: dict[str, Any], base_path: list[str]) -> None:
     _finalize(code)
 
 
-def _server_main(path: str, profile: str, root: Path) -> None:
+def _server_main(path: str, profile: str, root: Path, watch: int | None) -> None:
     _preload(profile, root)
-    _execute(_serve(path), _BASE_PATH)
+    _execute(_serve(path, watch=watch), _BASE_PATH)
 
 
 def _exit_code(code: object) -> int:
@@ -348,4 +368,6 @@ def _finalize(code: int) -> None:
 
 
 if __name__ == "__main__":
-    _server_main(sys.argv[1], sys.argv[2], Path(sys.argv[3]))
+    _server_main(
+        sys.argv[1], sys.argv[2], Path(sys.argv[3]), int(sys.argv[4]) if sys.argv[4:] else None
+    )

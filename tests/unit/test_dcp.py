@@ -5,6 +5,7 @@ from __future__ import annotations
 import hashlib
 import os
 import pickle
+import subprocess
 import sys
 import time
 
@@ -84,9 +85,10 @@ def test_a_name_that_was_not_verified_is_refused_not_read(tmp_path, signer, trus
 
 RACER = """
 import os, sys, time
-meta, until = sys.argv[1], float(sys.argv[4])
+meta, until = sys.argv[1], time.time() + float(sys.argv[4])
 good, evil = (open(name, 'rb').read() for name in sys.argv[2:4])
 side = os.path.join(os.path.dirname(sys.argv[3]), 'next')
+print('racing', flush=True)
 while time.time() < until:
     for data in (evil, good):
         with open(side, 'wb') as f:
@@ -103,10 +105,11 @@ def test_a_racing_writer_never_gets_its_payload_run(tmp_path, signer, trust):
     (atk / "good").write_bytes((final / "dcp" / ".metadata").read_bytes())
     (atk / "evil").write_bytes(evil)
     meta = final / "dcp" / ".metadata"
-    argv = [str(meta), str(atk / "good"), str(atk / "evil"), str(time.time() + 8)]
-    racer = launcher.Popen([sys.executable, "-c", RACER, *argv])
+    argv = [str(meta), str(atk / "good"), str(atk / "evil"), "8"]
+    racer = launcher.Popen([sys.executable, "-c", RACER, *argv], stdout=subprocess.PIPE)
     loaded = refused = 0
     try:
+        assert racer.stdout.readline() == b"racing\n"  # its 8 s count from here, not its start
         deadline = time.time() + 6
         while time.time() < deadline and loaded + refused < 200:
             try:
@@ -120,6 +123,7 @@ def test_a_racing_writer_never_gets_its_payload_run(tmp_path, signer, trust):
     finally:
         racer.kill()
         racer.wait()
+        racer.stdout.close()
     assert not marker.exists(), "a racing writer got its pickle run"
     assert refused > 0 and loaded > 0, (loaded, refused)  # both outcomes were exercised
 
