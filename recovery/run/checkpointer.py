@@ -38,7 +38,7 @@ from recovery.provenance import capture as prov
 from recovery.provenance import purpose
 from recovery.provenance.purpose import BUILTIN, PurposeSpec
 from recovery.provenance.recordable import recordable
-from recovery.run import cadence, retention, savers
+from recovery.run import cadence, retention, savers, tiers
 from recovery.run import job as job_mod
 from recovery.run import restore as begin
 from recovery.run.cadence import Cadence
@@ -46,6 +46,7 @@ from recovery.run.differential import Differential, Plan
 from recovery.run.ending import Ending
 from recovery.run.job import SaveJob
 from recovery.run.journal import Journal
+from recovery.run.localtier import LocalTier
 from recovery.run.preemption import PreemptionGuard
 from recovery.run.restoring import defaults
 from recovery.state import wrapping
@@ -117,6 +118,10 @@ class Checkpointer(Ending):
             hash_type=cfg.hash,
             differential=cfg.differential.enabled,
         )
+        if cfg.local.enabled:
+            tiers.check_supported(
+                distributed=world.distributed, differential=cfg.differential.enabled
+            )
         self.world = world
         self.seed = seed
         self.cfg = cfg
@@ -156,6 +161,19 @@ class Checkpointer(Ending):
             signer=signer,
             committed=self._committed,
         )
+        self.local = (
+            LocalTier(
+                cfg.local,
+                run_dir,
+                rank=world.rank,
+                signer=signer,
+                committed=self._committed,
+                event=self._event,
+            )
+            if cfg.local.enabled
+            else None
+        )
+        """The local tier (``checkpoint.local``), or ``None``: :mod:`recovery.run.tiers`."""
         repo = tracking.find_repo(run_dir) if cfg.dvc.enabled and world.leader else None
         self.publisher = (
             tracking.Publisher(repo, push=cfg.dvc.push, remote=cfg.dvc.remote) if repo else None
@@ -202,6 +220,10 @@ class Checkpointer(Ending):
         )
         self._saver.settle(failed=failed, running=running)
         path = None
+        if self.local is not None:
+            self.local.raise_if_failed()  # a promotion's failure, at the step after it
+            if self.local.due(step) and not (preempt or due):
+                self._snapshot(state, step)
         if preempt or milestone or due:
             values = self._metrics(metrics, step)
             if preempt:
@@ -242,7 +264,7 @@ class Checkpointer(Ending):
         retention.check_metric(self.cfg, metrics)  # before the step counts as saved
         final = self.run_dir / step_dir_name(step)
         self.cadence.saved(step)
-        waited = self._saver.wait()
+        waited = self._saver.wait() + (self.local.wait() if self.local is not None else 0.0)
         self.pause_s += waited
         job = self._job(
             final,
@@ -253,11 +275,55 @@ class Checkpointer(Ending):
             absent=state.absent,
             differential=self.differential.plan(),
         )
-        self.pause_s += self._saver.save(job, state, waited=waited, sync=sync)
+        if self.local is not None and not sync:  # promoted from its local snapshot
+            self.pause_s += self.local.save(job, state, waited=waited)
+        else:
+            self.pause_s += self._saver.save(job, state, waited=waited, sync=sync)
         self.last_saved = step
         if self._watch is not None:  # what must not change before the next optimizer step
             self._watch.saved(step)
         return final
+
+    def _snapshot(self, state: TrainState, step: int) -> None:
+        """A local-tier snapshot of ``step`` (not a persistent checkpoint)."""
+        assert self.local is not None
+        job = self._job(
+            self.run_dir / step_dir_name(step),
+            step,
+            purpose.CONTINUATION,
+            None,
+            expect=state.expectations(step),
+            absent=state.absent,
+        )
+        self.pause_s += self.local.snapshot(job, state)[2]
+        if self._watch is not None:  # what must not change before the next optimizer step
+            self._watch.saved(step)
+
+    def flush(self) -> None:
+        """Wait until the save or promotion in flight (if any) is committed, and the
+        checkpoints retention retired are deleted.
+
+        Raises:
+            CommitError: it failed.
+        """
+        if self.local is not None:
+            self.pause_s += self.local.wait()
+        super().flush()
+
+    def close(self) -> None:
+        """As :meth:`Ending.close`; with a local tier, first the promotion in flight is
+        finished and the local directory removed when the newest step is persistent.
+
+        Raises:
+            CommitError: the last background save or promotion failed.
+        """
+        if self._closed or self.local is None:
+            super().close()
+            return
+        try:
+            self.pause_s += self.local.close(self.last_saved)
+        finally:
+            super().close()
 
     def save_warm_start(
         self, state: TrainState, step: int, *, metrics: dict[str, Any] | None = None

@@ -56,6 +56,8 @@ class SaveJob:
         hash_type: every file's digest algorithm.
         differential: a full base or a delta of the held base (``None``: differential
             saves are off).
+        faults_as: the prefix of its commit's :mod:`recovery.faults` points (``commit``;
+            ``local`` for a local-tier snapshot).
     """
 
     final: Path
@@ -70,6 +72,7 @@ class SaveJob:
     shard_bytes: int = 0
     hash_type: str = digests.SHA256
     differential: Plan | None = field(default=None, repr=False)
+    faults_as: str = "commit"
 
     def write(
         self,
@@ -120,6 +123,7 @@ class SaveJob:
             tmp=tmp,
             adopt=adopt,
             hash_type=self.hash_type,
+            faults_as=self.faults_as,
         )
         if self.differential is not None:
             self.differential.committed(self.final, mf, tensors)

@@ -1,0 +1,269 @@
+"""The local tier of one rank: snapshots into node-local RAM, and their promotion.
+
+The policy and the design are in :mod:`recovery.run.tiers`; this is the part
+that writes. :meth:`LocalTier.snapshot` commits a step's
+:class:`~recovery.run.job.SaveJob` into the local directory on the training
+thread (its pause); :meth:`LocalTier.promote` copies a committed snapshot into
+the run directory on a background thread (:mod:`recovery.integrity.promote`)
+and reports the persistent commit to the checkpointer's ``committed`` callback,
+as a background save does.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import dataclasses
+import logging
+import shutil
+import time
+from collections.abc import Callable
+from pathlib import Path
+from typing import Any
+
+from recovery.config import LocalConfig
+from recovery.errors import RunDirInUseError, SignatureError
+from recovery.format.layout import scan, step_dir_name
+from recovery.format.manifest import Manifest
+from recovery.integrity import commit, listed, promote
+from recovery.integrity.signing import Signer, TrustStore
+from recovery.run import tiers
+from recovery.run.job import SaveJob, split
+from recovery.run.savers import Committed, Cost
+from recovery.run.writer import BackgroundWriter
+from recovery.state.registry import TrainState
+
+log = logging.getLogger(__name__)
+
+Event = Callable[[dict[str, Any]], None]
+
+
+class LocalTier:
+    """One rank's local snapshots of a run directory, and their promotion to it."""
+
+    def __init__(
+        self,
+        cfg: LocalConfig,
+        run_dir: Path,
+        *,
+        rank: int,
+        signer: Signer,
+        committed: Committed,
+        event: Event,
+    ) -> None:
+        self.every = cfg.every_steps
+        self.dir = tiers.local_dir(cfg.root, run_dir, rank)
+        self.run_dir = run_dir
+        self.signer = signer
+        self.committed = committed
+        self.event = event
+        self._writer = BackgroundWriter()
+        self._pinned: set[int] = set()
+        self.snapshot_bytes = 0
+
+    def due(self, step: int) -> bool:
+        """Whether ``step`` is a local snapshot's step."""
+        return step > 0 and step % self.every == 0
+
+    def held(self) -> list[tuple[int, Path]]:
+        """The committed snapshots in the local directory, oldest first (not verified)."""
+        return scan(self.dir).committed
+
+    def prepare(self) -> None:
+        """Before a resume looks here: create the directory (0700) and remove what dead
+        snapshot writes left (under the run directory's lock, taken first)."""
+        self.dir.mkdir(parents=True, exist_ok=True, mode=0o700)
+        commit.remove_stale(self.dir)
+
+    def refuse_reuse(self) -> None:
+        """A fresh run (no ``+resume=``) does not start over another run's snapshots.
+
+        Raises:
+            RunDirInUseError: the local directory holds snapshots.
+        """
+        if held := self.held():
+            raise RunDirInUseError(
+                f"{self.dir}: holds local snapshots up to step {held[-1][0]} of a run in this "
+                "run directory. Pass +resume=latest to continue it, or delete that directory "
+                "for a new run.",
+                path=self.dir,
+            )
+
+    def start(
+        self,
+        state: TrainState,
+        step: int,
+        *,
+        resumed: Path | None,
+        root: str | None,
+        trust: TrustStore,
+        allow_untrusted: bool,
+    ) -> None:
+        """At the run's first step ``step``: discard snapshots of another branch, check
+        that :data:`~recovery.run.tiers.HELD` snapshots fit, and say what they reserve.
+        A run ``resumed`` from a local snapshot promotes it in the background (unless its
+        step is in the run directory already): the state it recovered becomes durable, and
+        a run resumed at its last step still ends with that step persistent. ``root``: the
+        digest the resume verified, which the snapshot must still have.
+
+        Raises:
+            StorageError: they do not fit (one line, before the first step).
+            VerificationError: the snapshot resumed from changed since it was read.
+        """
+        if resumed is not None and resumed.parent == self.dir:
+            final = self.run_dir / step_dir_name(step)
+            if not final.exists():
+                mf = listed.read_manifest(resumed, trust, allow_untrusted=allow_untrusted)
+                if mf.root != root:
+                    raise SignatureError(
+                        f"{resumed}: its manifest changed since the resume verified it (root "
+                        f"{mf.root}, expected {root}); not promoting it. Requeue the run.",
+                        path=resumed,
+                    )
+                self.promote(_resumed_job(final, mf), resumed, mf, pause=0.0, waited=0.0)
+        for path in tiers.newer(self.held(), step):
+            log.warning(
+                "removing local snapshot %s: newer than step %d the run starts at", path, step
+            )
+            commit.discard(path)
+        _, tensors = split(state.state_dict())
+        nbytes = sum(t.numel() * t.element_size() for ts in tensors.values() for t in ts.values())
+        held = sum(_size(p) for _, p in self.held())
+        free = shutil.disk_usage(self.dir).free
+        tiers.check_room(self.dir, nbytes, free + held)
+        log.info(
+            "local tier: %s, a snapshot every %d steps, about %.1f MiB each, at most %d held "
+            "(%.1f MiB of %.1f MiB free)",
+            self.dir,
+            self.every,
+            nbytes / (1 << 20),
+            tiers.HELD,
+            tiers.HELD * nbytes / (1 << 20),
+            (free + held) / (1 << 20),
+        )
+        self.event(
+            {
+                "event": "local_tier",
+                "dir": str(self.dir),
+                "every_steps": self.every,
+                "snapshot_bytes": nbytes,
+                "held_max": tiers.HELD,
+                "free_bytes": free + held,
+            }
+        )
+
+    def snapshot(self, job: SaveJob, state: TrainState) -> tuple[Path, Manifest, float]:
+        """Commit ``job``'s step into the local directory now; retire older snapshots.
+
+        ``job`` is the step's save as the persistent tier would write it; the snapshot is
+        the same job, under the local directory, its statement saying ``tier: local``.
+
+        Returns:
+            The snapshot's path, its manifest and the seconds the training thread spent.
+
+        Raises:
+            PurposeError, CommitError, StorageError (the local root is full).
+        """
+        started = time.perf_counter()
+        local = dataclasses.replace(
+            job,
+            final=self.dir / step_dir_name(job.step),
+            statement={**job.statement, "tier": tiers.LOCAL},
+            chained=False,
+            faults_as="local",
+            differential=None,
+        )
+        skeletons, tensors = split(state.state_dict())
+        mf = local.write(skeletons, tensors, signer=self.signer)
+        for path in tiers.retire(self.held(), job.step, self._pinned):
+            commit.discard(path)
+        pause = time.perf_counter() - started
+        self.snapshot_bytes = sum(r.size for r in mf.files)
+        self.event(
+            {
+                "event": "snapshot",
+                "tier": tiers.LOCAL,
+                "step": job.step,
+                "pause_s": pause,
+                "bytes": self.snapshot_bytes,
+                "path": str(local.final),
+            }
+        )
+        return local.final, mf, pause
+
+    def save(self, job: SaveJob, state: TrainState, *, waited: float) -> float:
+        """Snapshot ``job``'s step locally, then promote it to ``job.final`` in the background;
+        return the seconds the training thread spent (the snapshot's)."""
+        path, mf, pause = self.snapshot(job, state)
+        self.promote(job, path, mf, pause=pause, waited=waited)
+        return pause
+
+    def promote(
+        self, job: SaveJob, path: Path, mf: Manifest, *, pause: float, waited: float
+    ) -> None:
+        """Copy the snapshot ``path`` to ``job.final`` on the background thread, then report
+        the commit (``committed``); the caller has waited for the previous promotion."""
+        self._pinned.add(job.step)
+        recovery = {k: v for k, v in mf.recovery.items() if k != "tier"}
+        recovery["promoted"] = True
+
+        def run() -> Path:
+            begun = time.perf_counter()
+            try:
+                persisted = promote.promote(
+                    path, mf, job.final, signer=self.signer, recovery=recovery
+                )
+                cost = Cost(pause, waited, time.perf_counter() - begun, "promoted")
+                self.committed(job, persisted, cost)
+            finally:
+                self._pinned.discard(job.step)
+            return job.final
+
+        self._writer.submit(run)
+
+    def wait(self) -> float:
+        """Wait for the promotion in flight; return the seconds waited.
+
+        Raises:
+            CommitError, StorageError, VerificationError: it failed.
+        """
+        return self._writer.wait()
+
+    def raise_if_failed(self) -> None:
+        """Raise a finished promotion's failure, once."""
+        self._writer.raise_if_failed()
+
+    def close(self, persisted: int | None) -> float:
+        """Wait for the promotion in flight and stop its thread; when the newest snapshot's
+        step is persistent (``persisted``: the newest persistent step), remove the local
+        directory. Returns the seconds waited.
+
+        Raises:
+            CommitError, StorageError, VerificationError: the last promotion failed (the
+                snapshots are kept).
+        """
+        started = time.perf_counter()
+        self._writer.close()
+        held = self.held()
+        if persisted is not None and (not held or held[-1][0] <= persisted):
+            shutil.rmtree(self.dir, ignore_errors=True)
+            with contextlib.suppress(OSError):  # the run's one above it, once no rank uses it
+                self.dir.parent.rmdir()
+        return time.perf_counter() - started
+
+
+def _size(path: Path) -> int:
+    return sum(f.stat().st_size for f in path.rglob("*") if f.is_file() and not f.is_symlink())
+
+
+def _resumed_job(final: Path, mf: Manifest) -> SaveJob:
+    """The save a resumed snapshot's promotion reports: that snapshot, at ``final``."""
+    return SaveJob(
+        final=final,
+        step=mf.step,
+        purpose=mf.purpose,
+        requires=tuple(mf.recovery.get("requires") or ()),
+        statement=dict(mf.recovery),
+        meta={},
+        config_yaml="",
+        hash_type=mf.hash_type,
+    )

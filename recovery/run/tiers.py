@@ -1,0 +1,145 @@
+"""Two tiers of checkpoints: a local one in RAM every few steps, a persistent one promoted from it.
+
+Design (issue 30):
+
+- **Where the local tier lives.** ``<checkpoint.local.root>/<run name>-<12 hex of
+  sha256(run dir path)>/rank<r>/`` (default root ``/dev/shm/recovery``: RAM), a
+  directory laid out like a run directory (``step-N/``, temp names while
+  writing), derived from the run directory's path and not from the run id, so
+  a restarted process finds it before it knows which run it resumes. The run
+  directory's lock (one writer per run) guards it too. Created mode 0700.
+- **What a snapshot is.** A continuation checkpoint in every respect: the same
+  :class:`~recovery.run.job.SaveJob` as a persistent save of that step, written by
+  the same commit protocol (temp directory, hash while writing, fsync, signed
+  ``model.sig`` last, rename; fault points ``local-*-N``), signed by the run's
+  signer (one ECDSA signature of a small statement: microseconds against the
+  hashing), verified by the same reader before anything is deserialised. Its
+  signed statement says ``"tier": "local"``: a local snapshot copied anywhere is
+  never taken for a durable checkpoint.
+- **Promotion, not a second save.** Every ``checkpoint.every_steps`` (and at the
+  end) the step's local snapshot is taken as usual, then a background thread
+  copies its listed files into the run directory, hashing each as it is
+  written and comparing with the snapshot's signed digests, and commits them
+  with the same protocol under a re-signed statement (``tier`` dropped,
+  ``promoted: true``; the same files, so the same root digest), then does what
+  follows any commit (lineage link, retention, cost record, DVC). The training
+  thread pauses once, for the local snapshot. At most one promotion is in
+  flight; the next one waits for it (so the persistent tier can lose up to two
+  intervals, as async saves do, while a process crash loses at most one local
+  interval). A preemption's save and ``+resume=<step>`` stay persistent-only.
+- **Resume across tiers.** ``latest`` walks :func:`order` (newest step first; at
+  one step the local copy first, it is read from RAM) and takes the first that
+  verifies, falling back past damaged or missing ones as before. The journal's
+  ``resume`` record and every lineage link carry the tier.
+- **Retention.** Local: after a snapshot commits, every older one is deleted
+  (:func:`retire`), except the one a promotion in flight is copying; so at most
+  :data:`HELD` snapshots exist at once (promoting, newest, being written). A
+  resume discards local snapshots newer than the step it resumed (another branch).
+  Persistent: as before (``keep_last``...). When the run ends with its newest
+  step persistent, the local directory is removed.
+- **RAM budget.** At start-up the snapshot's size (the state's tensor bytes now)
+  times :data:`HELD` must fit the local root's free space (``shutil.disk_usage``;
+  for tmpfs the mount's limit), else a one-line :class:`~recovery.errors.StorageError`
+  before the first step; what it reserves is logged and journaled (``local_tier``).
+- **Not built yet:** peer replicas under torchrun (the local tier is refused
+  there), ``make bench-tiers``, and differential snapshots (refused together).
+"""
+
+from __future__ import annotations
+
+import hashlib
+from collections.abc import Collection, Sequence
+from dataclasses import dataclass
+from pathlib import Path
+
+from recovery.errors import ConfigError, StorageError
+
+LOCAL = "local"
+PERSISTENT = "persistent"
+HELD = 3
+"""Local snapshots that can exist at once: the one a promotion copies, the newest, and the
+one being written."""
+
+
+def local_dir(root: str | Path, run_dir: Path, rank: int) -> Path:
+    """This rank's local-tier directory for ``run_dir``: one per run directory and rank."""
+    resolved = Path(run_dir).resolve()
+    tag = hashlib.sha256(str(resolved).encode()).hexdigest()[:12]
+    return Path(root).expanduser() / f"{resolved.name}-{tag}" / f"rank{rank}"
+
+
+@dataclass(frozen=True)
+class Candidate:
+    """A committed checkpoint of either tier, not yet verified."""
+
+    step: int
+    tier: str
+    path: Path
+
+
+def order(
+    persistent: Sequence[tuple[int, Path]], local: Sequence[tuple[int, Path]]
+) -> list[Candidate]:
+    """The order ``latest`` tries checkpoints in: newest step first, and at one step the
+    local copy before the persistent one (the same state, read from RAM)."""
+    found = [Candidate(s, PERSISTENT, p) for s, p in persistent]
+    found += [Candidate(s, LOCAL, p) for s, p in local]
+    return sorted(found, key=lambda c: (-c.step, c.tier != LOCAL))
+
+
+def retire(held: Sequence[tuple[int, Path]], newest: int, pinned: Collection[int]) -> list[Path]:
+    """The local snapshots to delete once step ``newest`` committed: every other one, except
+    those ``pinned`` (a promotion is copying them)."""
+    return [p for s, p in held if s != newest and s not in pinned]
+
+
+def newer(held: Sequence[tuple[int, Path]], step: int) -> list[Path]:
+    """The local snapshots a run that (re)starts at ``step`` discards: later steps of a
+    branch it does not continue."""
+    return [p for s, p in held if s > step]
+
+
+def room(snapshot_bytes: int, available: int) -> str | None:
+    """Why :data:`HELD` snapshots of ``snapshot_bytes`` do not fit in ``available`` bytes
+    (``None``: they fit)."""
+    need = HELD * snapshot_bytes
+    if need <= available:
+        return None
+    return f"needs {_mb(need)} ({HELD} snapshots of {_mb(snapshot_bytes)}), {_mb(available)} free"
+
+
+def check_room(where: Path, snapshot_bytes: int, available: int) -> None:
+    """Refuse a local tier that would not fit (:func:`room`), in one line.
+
+    Raises:
+        StorageError: it does not fit.
+    """
+    why = room(snapshot_bytes, available)
+    if why is not None:
+        raise StorageError(
+            f"checkpoint.local.root: the local tier in {where} {why}; free RAM (or /dev/shm's "
+            "size), choose another checkpoint.local.root=, or set checkpoint.local.every_steps=0",
+            path=where,
+        )
+
+
+def check_supported(*, distributed: bool, differential: bool) -> None:
+    """Refuse what the local tier does not implement yet, by name.
+
+    Raises:
+        ConfigError: torchrun or differential checkpoints with ``checkpoint.local.every_steps``.
+    """
+    if distributed:
+        raise ConfigError(
+            "checkpoint.local.every_steps is not supported under torchrun yet (peer replicas "
+            "are not built); set checkpoint.local.every_steps=0"
+        )
+    if differential:
+        raise ConfigError(
+            "checkpoint.local.every_steps is not supported with checkpoint.differential yet; "
+            "set one of checkpoint.local.every_steps=0 or checkpoint.differential.enabled=false"
+        )
+
+
+def _mb(n: int) -> str:
+    return f"{n / (1 << 20):.1f} MiB"

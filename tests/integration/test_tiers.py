@@ -1,0 +1,93 @@
+"""The local tier on real processes: SIGKILL in every commit phase of a local snapshot and
+of a promotion, then the same command resumes from the newest step that verifies in either
+tier and trains exactly the uninterrupted run (tests/fixtures/own_loop.py: 12 steps, a
+snapshot every 2, promoted every 6)."""
+
+from __future__ import annotations
+
+import os
+import sys
+from pathlib import Path
+
+import pytest
+import torch
+
+from recovery.format.layout import scan, step_dir_name
+from recovery.integrity.trust import KEY_ENV
+from recovery.run import resume
+from recovery.run.journal import effective_steps, read
+from recovery.tools.drill import flat_tensors
+from tests.conftest import once
+from tests.integration.conftest import run_killed_at
+
+pytestmark = pytest.mark.integration
+
+ROOT = Path(__file__).resolve().parents[2]
+LOOP = ROOT / "tests" / "fixtures" / "own_loop.py"
+
+
+def tiered(root: Path, signer, *, pause_at: str | None = None) -> tuple[int, str]:
+    """Run the loop in ``root`` (run dir ``root/run``, local tier under ``root/shm``)."""
+    env = {**os.environ, KEY_ENV: str(signer.path)}
+    cmd = [sys.executable, str(LOOP), "--run-dir", str(root / "run"), "--steps", "12"]
+    cmd += ["--every", "6", "--local-every", "2", "--local-root", str(root / "shm")]
+    return run_killed_at(cmd, env=env, cwd=root, pause_at=pause_at)
+
+
+@pytest.fixture(scope="module")
+def uninterrupted(shared_dir, signer) -> Path:
+    def make(root: Path) -> None:
+        code, out = tiered(root, signer)
+        assert code == 0, out
+
+    return once(shared_dir / "tiered-reference", make) / "run"
+
+
+def state_of(run_dir: Path, trust) -> dict[str, torch.Tensor]:
+    tree = resume.load(run_dir / step_dir_name(12), trust).decoded.tree
+    return flat_tensors({k: tree[k] for k in ("model", "optimizer")})
+
+
+@pytest.mark.parametrize(
+    ("kill_at", "resumed"),
+    [
+        ("step-9", 8),  # a process crash between snapshots: the newest local one
+        ("local-write-8", 6),  # snapshot 8 half written: 6 (local, then persistent)
+        ("local-before-manifest-8", 6),
+        ("local-before-rename-8", 6),
+        ("promote-write-6", None),  # promotion of 6 killed: training went on meanwhile
+        ("promote-before-manifest-6", None),
+        ("promote-before-rename-6", None),
+        ("promote-before-rename-12", 12),  # the last step, local only: resumed and promoted
+    ],
+)
+def test_sigkill_in_every_phase_of_both_tiers_resumes_the_newest_verified_step_exactly(
+    tmp_path, signer, trust, uninterrupted, kill_at, resumed
+):
+    code, out = tiered(tmp_path, signer, pause_at=kill_at)
+    assert code == -9, out
+    run_dir, local = tmp_path / "run", next((tmp_path / "shm").glob("*/rank0"))
+    newest_local = scan(local).committed[-1][0]
+    if kill_at.startswith("promote"):  # the killed promotion never published its step
+        step = int(kill_at.rsplit("-", 1)[1])
+        assert step not in [s for s, _ in scan(run_dir).committed]
+        assert any(p.name.startswith(step_dir_name(step)) for p in scan(run_dir).stale)
+    if resumed is None:  # whatever the training thread reached before the kill
+        resumed = newest_local
+    code, out = tiered(tmp_path, signer)
+    assert code == 0, out
+    events = read(run_dir / "metrics.jsonl")
+    (event,) = [r for r in events if r.get("event") == "resume"]
+    assert (event["step"], event["tier"]) == (resumed, "local")
+    assert event["from"] == str(local / step_dir_name(resumed))
+    # the redone steps are the dead process's steps, bit for bit, and so is the end state
+    ref, got = (
+        effective_steps(uninterrupted / "metrics.jsonl"),
+        effective_steps(run_dir / "metrics.jsonl"),
+    )
+    assert sorted(got) == sorted(ref) == list(range(1, 13))
+    assert all(got[s]["loss"] == ref[s]["loss"] for s in ref)
+    a, b = state_of(uninterrupted, trust), state_of(run_dir, trust)
+    assert a.keys() == b.keys() and all(torch.equal(a[k], b[k]) for k in a)
+    assert not local.exists()  # the run ended with its newest step persistent
+    assert scan(run_dir).stale == []

@@ -1,0 +1,183 @@
+"""The local tier (checkpoint.local, recovery.run.tiers): its policies as tables, and in
+process: promotion, resume across tiers, a damaged snapshot's fallback, the RAM check."""
+
+from pathlib import Path
+
+import pytest
+import torch
+
+from recovery.config import CheckpointConfig, LocalConfig
+from recovery.errors import ConfigError, RunDirInUseError, StorageError
+from recovery.format.layout import scan, step_dir_name
+from recovery.run import localtier, resume, tiers
+from recovery.run.checkpointer import Checkpointer
+from recovery.run.journal import Journal, read
+from recovery.run.tiers import LOCAL, PERSISTENT, Candidate
+from tests.conftest import tiny_state, train_steps
+
+P, L = Path("/p"), Path("/l")
+
+
+@pytest.mark.parametrize(
+    ("persistent", "local", "expected"),
+    [
+        ([], [], []),
+        ([6], [], [(6, PERSISTENT)]),
+        ([6], [8], [(8, LOCAL), (6, PERSISTENT)]),  # newest first, whichever tier
+        ([6, 12], [8], [(12, PERSISTENT), (8, LOCAL), (6, PERSISTENT)]),
+        ([6], [6], [(6, LOCAL), (6, PERSISTENT)]),  # one step in both: RAM first
+        ([], [2, 4], [(4, LOCAL), (2, LOCAL)]),
+    ],
+)
+def test_latest_tries_the_newest_step_first_and_local_first_at_a_step(persistent, local, expected):
+    got = tiers.order([(s, P / str(s)) for s in persistent], [(s, L / str(s)) for s in local])
+    assert [(c.step, c.tier) for c in got] == expected
+    assert all(c.path == (L if c.tier == LOCAL else P) / str(c.step) for c in got)
+    assert got == sorted(got, key=lambda c: -c.step)
+    assert isinstance(got[0] if got else Candidate(0, LOCAL, L), Candidate)
+
+
+@pytest.mark.parametrize(
+    ("held", "newest", "pinned", "gone"),
+    [
+        ([2, 4], 4, set(), [2]),  # the previous one goes once the next committed
+        ([4], 4, set(), []),
+        ([2, 4, 6], 6, {2}, [4]),  # a promotion is copying 2
+        ([2, 4], 2, set(), [4]),  # a re-saved older step (another branch): the newer goes
+    ],
+)
+def test_retire_keeps_the_newest_and_what_a_promotion_copies(held, newest, pinned, gone):
+    assert tiers.retire([(s, L / str(s)) for s in held], newest, pinned) == [
+        L / str(s) for s in gone
+    ]
+
+
+def test_a_restart_discards_snapshots_of_steps_after_it():
+    held = [(s, L / str(s)) for s in (2, 4, 6)]
+    assert tiers.newer(held, 4) == [L / "6"]
+    assert tiers.newer(held, 6) == []
+
+
+@pytest.mark.parametrize(
+    ("size", "free", "fits"),
+    [(100, 300, True), (100, 299, False), (0, 0, True), (1 << 30, 4 << 30, True)],
+)
+def test_room_needs_held_snapshots(size, free, fits):
+    why = tiers.room(size, free)
+    assert (why is None) == fits
+    if not fits:
+        assert "3 snapshots" in why
+
+
+def test_the_local_directory_is_per_run_directory_and_rank(tmp_path):
+    a = tiers.local_dir("/dev/shm/recovery", tmp_path / "a" / "run", 0)
+    assert a.parent.parent == Path("/dev/shm/recovery") and a.name == "rank0"
+    assert a.parent.name.startswith("run-")
+    assert tiers.local_dir("/dev/shm/recovery", tmp_path / "b" / "run", 0) != a
+    assert tiers.local_dir("/dev/shm/recovery", tmp_path / "a" / "run", 1).parent == a.parent
+
+
+def test_refused_with_what_it_does_not_support_yet():
+    with pytest.raises(ConfigError, match="checkpoint.local.every_steps is not supported under"):
+        tiers.check_supported(distributed=True, differential=False)
+    with pytest.raises(ConfigError, match="checkpoint.differential"):
+        tiers.check_supported(distributed=False, differential=True)
+    with pytest.raises(ConfigError, match="checkpoint.local.every_steps"):
+        LocalConfig(every_steps=-1)
+
+
+def checkpointer(tmp_path, signer, trust, prov, *, final=8) -> Checkpointer:
+    local = LocalConfig(every_steps=2, root=str(tmp_path / "shm"))
+    return Checkpointer(
+        CheckpointConfig(root=str(tmp_path), every_steps=6, keep_last=2, local=local),
+        tmp_path / "run",
+        final_step=final,
+        journal=Journal(tmp_path / "run" / "metrics.jsonl"),
+        signer=signer,
+        trust=trust,
+        provenance=prov,
+        config={"seed": 0},
+    )
+
+
+def crash_at(tmp_path, signer, trust, prov, steps: int) -> tuple[Checkpointer, list]:
+    """Train ``steps`` of a 12-step run and stop there, the process left as a crash leaves
+    it, but for the lock (closed): local snapshots up to ``steps``, persistent 6."""
+    state = tiny_state()
+    ck = checkpointer(tmp_path, signer, trust, prov, final=12)
+    start = ck.restore(state, "latest")
+    for step in range(start + 1, steps + 1):
+        train_steps(state, 1)
+        if step == steps:  # step 6's promotion done: the last snapshot retires its copy
+            ck.flush()
+        ck.maybe_save(state, step)
+    ck.close()  # the newest step (local) is newer than the newest persistent: kept
+    return ck, [t.clone() for t in state.components["model"].parameters()]
+
+
+def test_latest_resumes_the_newer_local_snapshot_and_promotes_it(tmp_path, signer, trust, prov):
+    ck, params = crash_at(tmp_path, signer, trust, prov, 8)
+    assert [s for s, _ in scan(ck.run_dir).committed] == [6]
+    assert [s for s, _ in ck.local.held()] == [8]  # 2, 4 and 6 retired as each next committed
+    journal = read(ck.run_dir / "metrics.jsonl")
+    assert [r["step"] for r in journal if r.get("event") == "snapshot"] == [2, 4, 6, 8]
+    promoted = [r for r in journal if r.get("event") == "checkpoint"]
+    assert [(r["step"], r["mode"], r["promoted_from"]) for r in promoted] == [
+        (6, "promoted", "local")
+    ]
+    # the persistent copy holds the snapshot's files: the same root digest, signed again
+    six = resume.load(ck.run_dir / step_dir_name(6), trust)
+    assert six.manifest.recovery.get("promoted") is True and "tier" not in six.manifest.recovery
+
+    state = tiny_state()
+    with torch.no_grad():  # what the resume must overwrite
+        for t in state.components["model"].parameters():
+            t.add_(1.0)
+    again = checkpointer(tmp_path, signer, trust, prov, final=12)
+    assert again.restore(state, "latest") == 8
+    again.flush()  # the resumed snapshot's promotion
+    got = [t for t in state.components["model"].parameters()]
+    assert all(torch.equal(a, b) for a, b in zip(params, got, strict=True))
+    event = [r for r in read(ck.run_dir / "metrics.jsonl") if r.get("event") == "resume"][-1]
+    assert (event["step"], event["tier"]) == (8, LOCAL)
+    assert [s for s, _ in scan(ck.run_dir).committed] == [6, 8]
+    eight = resume.load(ck.run_dir / step_dir_name(8), trust)
+    assert eight.manifest.root == again.identity.previous["sha256"]
+    assert again.identity.lineage[-1]["from"]["tier"] == LOCAL
+    again.close()  # 8 is persistent now: the local directory goes
+    assert not again.local.dir.exists()
+
+
+def test_a_damaged_local_snapshot_falls_back_to_the_persistent_tier(
+    tmp_path, signer, trust, prov, caplog
+):
+    ck, _ = crash_at(tmp_path, signer, trust, prov, 8)
+    (snap,) = [p for _, p in ck.local.held()]
+    model = snap / "model.safetensors"
+    data = bytearray(model.read_bytes())
+    data[-1] ^= 1
+    model.write_bytes(bytes(data))
+    fresh = checkpointer(tmp_path, signer, trust, prov, final=12)
+    with pytest.raises(RunDirInUseError):  # no fresh start over a used run
+        fresh.restore(tiny_state(), None)
+    again = checkpointer(tmp_path, signer, trust, prov, final=12)
+    assert again.restore(tiny_state(), "latest") == 6
+    assert "RESUME FALLBACK: skipping" in caplog.text and str(snap) in caplog.text
+    event = [r for r in read(ck.run_dir / "metrics.jsonl") if r.get("event") == "resume"][-1]
+    assert (event["tier"], event["skipped"]) == (PERSISTENT, [str(snap)])
+    assert not snap.exists()  # step 8 of the branch it did not continue: removed
+    again.close()
+
+
+def test_a_local_tier_that_would_not_fit_is_refused_in_one_line_before_the_first_step(
+    tmp_path, signer, trust, prov, monkeypatch
+):
+    ck = checkpointer(tmp_path, signer, trust, prov)
+    real = localtier.shutil.disk_usage
+    monkeypatch.setattr(
+        localtier.shutil, "disk_usage", lambda p: real(p)._replace(free=1000)
+    )  # a /dev/shm of 1000 bytes
+    with pytest.raises(StorageError, match=r"^checkpoint.local.root: the local tier in .* needs"):
+        ck.restore(tiny_state(), "latest")
+    ck.close()
+    assert ck._lock is None  # refused: the run directory is free again
