@@ -8,7 +8,8 @@ retention, cost record, DVC). *Where* a save runs is :mod:`recovery.run.savers`;
 *how* bytes reach the disk, :mod:`recovery.integrity.commit`; *what* the state
 is, :class:`~recovery.state.registry.TrainState`; how a run begins (its
 restoring half), :class:`~recovery.run.restoring.Restoring`; what follows a commit
-and how it ends, :class:`~recovery.run.ending.Ending`.
+and how it ends, :class:`~recovery.run.ending.Ending` (with a local tier,
+:class:`~recovery.run.tiered.Tiered`).
 """
 
 from __future__ import annotations
@@ -43,12 +44,12 @@ from recovery.run import job as job_mod
 from recovery.run import restore as begin
 from recovery.run.cadence import Cadence
 from recovery.run.differential import Differential, Plan
-from recovery.run.ending import Ending
 from recovery.run.job import SaveJob
 from recovery.run.journal import Journal
 from recovery.run.localtier import LocalTier
 from recovery.run.preemption import PreemptionGuard
 from recovery.run.restoring import defaults
+from recovery.run.tiered import Tiered
 from recovery.state import wrapping
 from recovery.state.registry import MODEL, TrainState
 from recovery.storage import tracking
@@ -56,7 +57,7 @@ from recovery.storage import tracking
 log = logging.getLogger(__name__)
 
 
-class Checkpointer(Ending):
+class Checkpointer(Tiered):
     """Saves and restores one run's :class:`TrainState`, signed, with provenance and lineage.
 
     Args:
@@ -169,6 +170,7 @@ class Checkpointer(Ending):
                 signer=signer,
                 committed=self._committed,
                 event=self._event,
+                async_save=cfg.async_save,
             )
             if cfg.local.enabled
             else None
@@ -295,35 +297,9 @@ class Checkpointer(Ending):
             expect=state.expectations(step),
             absent=state.absent,
         )
-        self.pause_s += self.local.snapshot(job, state)[2]
+        self.pause_s += self.local.snapshot(job, state)
         if self._watch is not None:  # what must not change before the next optimizer step
             self._watch.saved(step)
-
-    def flush(self) -> None:
-        """Wait until the save or promotion in flight (if any) is committed, and the
-        checkpoints retention retired are deleted.
-
-        Raises:
-            CommitError: it failed.
-        """
-        if self.local is not None:
-            self.pause_s += self.local.wait()
-        super().flush()
-
-    def close(self) -> None:
-        """As :meth:`Ending.close`; with a local tier, first the promotion in flight is
-        finished and the local directory removed when the newest step is persistent.
-
-        Raises:
-            CommitError: the last background save or promotion failed.
-        """
-        if self._closed or self.local is None:
-            super().close()
-            return
-        try:
-            self.pause_s += self.local.close(self.last_saved)
-        finally:
-            super().close()
 
     def save_warm_start(
         self, state: TrainState, step: int, *, metrics: dict[str, Any] | None = None

@@ -27,14 +27,17 @@ from recovery.format.manifest import Manifest
 from recovery.integrity import commit, listed, promote
 from recovery.integrity.signing import Signer, TrustStore
 from recovery.run import tiers
-from recovery.run.job import SaveJob, split
+from recovery.run.job import SaveJob, Tensors, split
 from recovery.run.savers import Committed, Cost
+from recovery.run.staging import Staging
 from recovery.run.writer import BackgroundWriter
 from recovery.state.registry import TrainState
 
 log = logging.getLogger(__name__)
 
 Event = Callable[[dict[str, Any]], None]
+Then = Callable[[Path, Manifest, float], None]
+"""What follows a committed snapshot: (its path, its manifest, the training thread's pause)."""
 
 
 class LocalTier:
@@ -49,6 +52,7 @@ class LocalTier:
         signer: Signer,
         committed: Committed,
         event: Event,
+        async_save: bool = False,
     ) -> None:
         self.every = cfg.every_steps
         self.dir = tiers.local_dir(cfg.root, run_dir, rank)
@@ -57,6 +61,10 @@ class LocalTier:
         self.committed = committed
         self.event = event
         self._writer = BackgroundWriter()
+        """Promotions, one at a time."""
+        self._snapshots = BackgroundWriter() if async_save else None
+        """Snapshot writes from :attr:`_staging` (``checkpoint.async``), one at a time."""
+        self._staging = Staging() if async_save else None
         self._pinned: set[int] = set()
         self.snapshot_bytes = 0
 
@@ -151,17 +159,20 @@ class LocalTier:
             }
         )
 
-    def snapshot(self, job: SaveJob, state: TrainState) -> tuple[Path, Manifest, float]:
-        """Commit ``job``'s step into the local directory now; retire older snapshots.
+    def snapshot(self, job: SaveJob, state: TrainState, *, then: Then | None = None) -> float:
+        """Snapshot ``job``'s step into the local directory; return the seconds the training
+        thread spent. Once it is committed (older snapshots retired), ``then(path, manifest,
+        pause)`` runs.
 
         ``job`` is the step's save as the persistent tier would write it; the snapshot is
-        the same job, under the local directory, its statement saying ``tier: local``.
-
-        Returns:
-            The snapshot's path, its manifest and the seconds the training thread spent.
+        the same job, under the local directory, its statement saying ``tier: local``. With
+        ``checkpoint.async`` the training thread only copies the state into reused host
+        buffers (:class:`~recovery.run.staging.Staging`; after waiting for the previous
+        snapshot's write, not for a promotion) and the write runs on a background thread.
 
         Raises:
-            PurposeError, CommitError, StorageError (the local root is full).
+            PurposeError, CommitError, StorageError (the local root is full): this snapshot
+                (inline) or the previous one (async) failed.
         """
         started = time.perf_counter()
         local = dataclasses.replace(
@@ -172,30 +183,59 @@ class LocalTier:
             faults_as="local",
             differential=None,
         )
-        skeletons, tensors = split(state.state_dict())
-        mf = local.write(skeletons, tensors, signer=self.signer)
-        for path in tiers.retire(self.held(), job.step, self._pinned):
-            commit.discard(path)
+        if self._staging is None or self._snapshots is None:
+            skeletons, tensors = split(state.state_dict())
+            self._commit(local, skeletons, tensors, started, then)
+            return time.perf_counter() - started
+        self._snapshots.wait()  # the buffers are free once the previous write committed
+        staged = self._staging.stage(state.state_dict())
         pause = time.perf_counter() - started
+
+        def run() -> Path:
+            self._commit(local, staged.skeletons, staged.tensors, started, then, pause=pause)
+            return local.final
+
+        self._snapshots.submit(run)
+        return pause
+
+    def _commit(
+        self,
+        local: SaveJob,
+        skeletons: dict[str, Any],
+        tensors: Tensors,
+        started: float,
+        then: Then | None,
+        *,
+        pause: float | None = None,
+    ) -> None:
+        mf = local.write(skeletons, tensors, signer=self.signer)
+        for path in tiers.retire(self.held(), local.step, self._pinned):
+            commit.discard(path)
+        write_s = time.perf_counter() - started
         self.snapshot_bytes = sum(r.size for r in mf.files)
         self.event(
             {
                 "event": "snapshot",
                 "tier": tiers.LOCAL,
-                "step": job.step,
-                "pause_s": pause,
+                "step": local.step,
+                "pause_s": write_s if pause is None else pause,
+                "write_s": write_s,
                 "bytes": self.snapshot_bytes,
                 "path": str(local.final),
             }
         )
-        return local.final, mf, pause
+        if then is not None:
+            then(local.final, mf, write_s if pause is None else pause)
 
     def save(self, job: SaveJob, state: TrainState, *, waited: float) -> float:
         """Snapshot ``job``'s step locally, then promote it to ``job.final`` in the background;
-        return the seconds the training thread spent (the snapshot's)."""
-        path, mf, pause = self.snapshot(job, state)
-        self.promote(job, path, mf, pause=pause, waited=waited)
-        return pause
+        return the seconds the training thread spent (the snapshot's). The caller has waited
+        for the previous promotion (:meth:`wait`)."""
+
+        def then(path: Path, mf: Manifest, pause: float) -> None:
+            self.promote(job, path, mf, pause=pause, waited=waited)
+
+        return self.snapshot(job, state, then=then)
 
     def promote(
         self, job: SaveJob, path: Path, mf: Manifest, *, pause: float, waited: float
@@ -221,15 +261,19 @@ class LocalTier:
         self._writer.submit(run)
 
     def wait(self) -> float:
-        """Wait for the promotion in flight; return the seconds waited.
+        """Wait for the snapshot write and the promotion in flight (in that order: the one
+        starts the other); return the seconds waited.
 
         Raises:
-            CommitError, StorageError, VerificationError: it failed.
+            CommitError, StorageError, VerificationError: one failed.
         """
-        return self._writer.wait()
+        waited = self._snapshots.wait() if self._snapshots is not None else 0.0
+        return waited + self._writer.wait()
 
     def raise_if_failed(self) -> None:
-        """Raise a finished promotion's failure, once."""
+        """Raise a finished snapshot write's or promotion's failure, once."""
+        if self._snapshots is not None:
+            self._snapshots.raise_if_failed()
         self._writer.raise_if_failed()
 
     def close(self, persisted: int | None) -> float:
@@ -242,7 +286,11 @@ class LocalTier:
                 snapshots are kept).
         """
         started = time.perf_counter()
-        self._writer.close()
+        try:
+            if self._snapshots is not None:
+                self._snapshots.close()
+        finally:
+            self._writer.close()
         held = self.held()
         if persisted is not None and (not held or held[-1][0] <= persisted):
             shutil.rmtree(self.dir, ignore_errors=True)

@@ -86,10 +86,13 @@ def test_refused_with_what_it_does_not_support_yet():
         LocalConfig(every_steps=-1)
 
 
-def checkpointer(tmp_path, signer, trust, prov, *, final=8) -> Checkpointer:
+def checkpointer(tmp_path, signer, trust, prov, *, final=8, async_save=False) -> Checkpointer:
     local = LocalConfig(every_steps=2, root=str(tmp_path / "shm"))
+    cfg = CheckpointConfig(
+        root=str(tmp_path), every_steps=6, keep_last=2, local=local, async_save=async_save
+    )
     return Checkpointer(
-        CheckpointConfig(root=str(tmp_path), every_steps=6, keep_last=2, local=local),
+        cfg,
         tmp_path / "run",
         final_step=final,
         journal=Journal(tmp_path / "run" / "metrics.jsonl"),
@@ -100,11 +103,13 @@ def checkpointer(tmp_path, signer, trust, prov, *, final=8) -> Checkpointer:
     )
 
 
-def crash_at(tmp_path, signer, trust, prov, steps: int) -> tuple[Checkpointer, list]:
+def crash_at(
+    tmp_path, signer, trust, prov, steps: int, *, async_save: bool = False
+) -> tuple[Checkpointer, list]:
     """Train ``steps`` of a 12-step run and stop there, the process left as a crash leaves
     it, but for the lock (closed): local snapshots up to ``steps``, persistent 6."""
     state = tiny_state()
-    ck = checkpointer(tmp_path, signer, trust, prov, final=12)
+    ck = checkpointer(tmp_path, signer, trust, prov, final=12, async_save=async_save)
     start = ck.restore(state, "latest")
     for step in range(start + 1, steps + 1):
         train_steps(state, 1)
@@ -115,8 +120,13 @@ def crash_at(tmp_path, signer, trust, prov, steps: int) -> tuple[Checkpointer, l
     return ck, [t.clone() for t in state.components["model"].parameters()]
 
 
-def test_latest_resumes_the_newer_local_snapshot_and_promotes_it(tmp_path, signer, trust, prov):
-    ck, params = crash_at(tmp_path, signer, trust, prov, 8)
+@pytest.mark.parametrize("async_save", [False, True], ids=["sync", "async"])
+def test_latest_resumes_the_newer_local_snapshot_and_promotes_it(
+    tmp_path, signer, trust, prov, async_save
+):
+    """With checkpoint.async the training thread only copies into staging buffers; the
+    snapshot is written (then promoted) in the background: the same checkpoints."""
+    ck, params = crash_at(tmp_path, signer, trust, prov, 8, async_save=async_save)
     assert [s for s, _ in scan(ck.run_dir).committed] == [6]
     assert [s for s, _ in ck.local.held()] == [8]  # 2, 4 and 6 retired as each next committed
     journal = read(ck.run_dir / "metrics.jsonl")

@@ -1,0 +1,41 @@
+"""The ending half of a checkpointer with a local tier (:mod:`recovery.run.tiers`): what
+:class:`~recovery.run.ending.Ending` does, after the local tier's writes in flight."""
+
+from __future__ import annotations
+
+from recovery.run.ending import Ending
+from recovery.run.localtier import LocalTier
+
+
+class Tiered(Ending):
+    """Flush and close, the local tier's snapshot write and promotion in flight first (the
+    checkpointer's base, which sets :attr:`local`)."""
+
+    local: LocalTier | None
+    last_saved: int | None
+
+    def flush(self) -> None:
+        """Wait until the save or promotion in flight (if any) is committed, and the
+        checkpoints retention retired are deleted.
+
+        Raises:
+            CommitError: it failed.
+        """
+        if self.local is not None:
+            self.pause_s += self.local.wait()
+        super().flush()
+
+    def close(self) -> None:
+        """As :meth:`Ending.close`; with a local tier, first the promotion in flight is
+        finished and the local directory removed when the newest step is persistent.
+
+        Raises:
+            CommitError: the last background save or promotion failed.
+        """
+        if self._closed or self.local is None:
+            super().close()
+            return
+        try:
+            self.pause_s += self.local.close(self.last_saved)
+        finally:
+            super().close()
