@@ -141,5 +141,45 @@ def check_supported(*, distributed: bool, differential: bool) -> None:
         )
 
 
+def young_daly(cost_s: float, mtbf_s: float) -> float:
+    """sqrt(2 * C * MTBF): the first-order optimal interval for a checkpoint costing
+    ``cost_s`` against failures every ``mtbf_s`` on average."""
+    return float((2.0 * cost_s * mtbf_s) ** 0.5)
+
+
+def plan(cost_s: float, local_cost_s: float, mtbf_s: float, host_loss: float) -> dict[str, float]:
+    """Young/Daly per tier, and the work lost per failure with one tier and with two.
+
+    One tier: T = sqrt(2 C MTBF); a failure loses T/2 on average and checkpoints cost
+    C * day / T. Two tiers: a share ``host_loss`` (0 < h < 1) of the failures takes the node
+    and its RAM with it and resumes from the persistent tier; the others resume from RAM.
+    Each tier's interval is Young/Daly for its own cost and the failures only it recovers
+    from: T_local = sqrt(2 C_local MTBF / (1 - h)), T_persistent = sqrt(2 C MTBF / h). A
+    failure loses (1 - h) T_local / 2 + h T_persistent / 2 on average; checkpoints cost
+    C_local day / T_local + C day / T_persistent a day (a persistent checkpoint is charged
+    its one-tier cost C, though a promotion pauses the run only for its snapshot: an upper
+    bound).
+    """
+    day = 86400.0
+    one = young_daly(cost_s, mtbf_s)
+    local = young_daly(local_cost_s, mtbf_s / (1.0 - host_loss))
+    persistent = young_daly(cost_s, mtbf_s / host_loss)
+    lost_one, lost_two = one / 2.0, (1.0 - host_loss) * local / 2.0 + host_loss * persistent / 2.0
+    cost_one = cost_s * day / one
+    cost_two = local_cost_s * day / local + cost_s * day / persistent
+    return {
+        "one_tier_interval_s": one,
+        "one_tier_loss_per_failure_s": lost_one,
+        "one_tier_checkpoint_cost_per_day_s": cost_one,
+        "one_tier_total_per_day_s": cost_one + day / mtbf_s * lost_one,
+        "local_interval_s": local,
+        "persistent_interval_s": persistent,
+        "two_tier_loss_per_failure_s": lost_two,
+        "two_tier_checkpoint_cost_per_day_s": cost_two,
+        "two_tier_total_per_day_s": cost_two + day / mtbf_s * lost_two,
+        "fewer_lost": lost_one / lost_two,
+    }
+
+
 def _mb(n: int) -> str:
     return f"{n / (1 << 20):.1f} MiB"

@@ -1,6 +1,7 @@
 """The local tier (checkpoint.local, recovery.run.tiers): its policies as tables, and in
 process: promotion, resume across tiers, a damaged snapshot's fallback, the RAM check."""
 
+import json
 from pathlib import Path
 
 import pytest
@@ -67,6 +68,45 @@ def test_room_needs_held_snapshots(size, free, fits):
     assert (why is None) == fits
     if not fits:
         assert "3 snapshots" in why
+
+
+@pytest.mark.parametrize(
+    ("cost", "local_cost", "host_loss", "local", "persistent", "lost_two"),
+    [
+        # 60 s per persistent checkpoint, MTBF 24 h: one tier every 53.7 min loses 26.8 min
+        (60, 2, 0.1, 619.7, 10182.3, 788.0),  # 0.9 * 619.7 / 2 + 0.1 * 10182.3 / 2
+        (60, 2, 0.5, 831.4, 4553.7, 1346.3),  # half the failures lose the node: little gain
+        (60, 60, 0.1, 3394.1, 10182.3, 2036.5),  # a snapshot as dear as a save: a loss
+    ],
+)
+def test_young_daly_per_tier_and_the_work_lost_per_failure(
+    cost, local_cost, host_loss, local, persistent, lost_two
+):
+    got = tiers.plan(cost, local_cost, 86400, host_loss)
+    assert got["one_tier_interval_s"] == pytest.approx(3219.9, abs=0.1)
+    assert got["one_tier_loss_per_failure_s"] == pytest.approx(1610.0, abs=0.1)
+    assert got["local_interval_s"] == pytest.approx(local, abs=0.1)
+    assert got["persistent_interval_s"] == pytest.approx(persistent, abs=0.1)
+    assert got["two_tier_loss_per_failure_s"] == pytest.approx(lost_two, abs=0.1)
+    assert got["fewer_lost"] == pytest.approx(1610.0 / lost_two, rel=1e-4)
+    day_cost = local_cost * 86400 / local + cost * 86400 / persistent
+    assert got["two_tier_checkpoint_cost_per_day_s"] == pytest.approx(day_cost, rel=1e-4)
+
+
+def test_plan_compares_one_tier_with_two(capsys):
+    from recovery import cli
+
+    argv = ["plan", "--cost", "60s", "--mtbf", "24h", "--local-cost", "2s"]
+    assert cli.main([*argv, "--json"]) == 0
+    two = json.loads(capsys.readouterr().out)["tiers"]
+    assert two["local_interval_s"] == pytest.approx(619.7, abs=0.1)
+    assert cli.main(argv) == 0
+    text = capsys.readouterr().out
+    assert "local 10.3m, persistent 2.83h" in text and "2.04x less work lost" in text
+    with pytest.raises(SystemExit) as exit_:
+        cli.main([*argv, "--host-loss", "1"])
+    assert exit_.value.code == 2
+    assert "argument --host-loss: expected a share between 0 and 1" in capsys.readouterr().err
 
 
 def test_the_local_directory_is_per_run_directory_and_rank(tmp_path):
