@@ -231,3 +231,24 @@ def test_a_local_tier_that_would_not_fit_is_refused_in_one_line_before_the_first
         ck.restore(tiny_state(), "latest")
     ck.close()
     assert ck._lock is None  # refused: the run directory is free again
+
+
+def test_ls_lists_the_local_snapshots_as_not_durable_and_the_resume_s_tier(
+    tmp_path, signer, trust, prov, capsys
+):
+    from recovery import cli
+
+    ck, _ = crash_at(tmp_path, signer, trust, prov, 8)
+    argv = ["ls", str(ck.run_dir), "--trusted", str(signer.path.parent)]
+    assert cli.main([*argv, "--json"]) == 0
+    rows = json.loads(capsys.readouterr().out)["checkpoints"]
+    assert [(r["step"], r["tier"], r["verified"]) for r in rows] == [
+        (6, PERSISTENT, True),
+        (8, LOCAL, True),
+    ]
+    again = checkpointer(tmp_path, signer, trust, prov, final=12)
+    assert again.restore(tiny_state(), "latest") == 8
+    again.close()
+    assert cli.main(argv) == 0
+    text = capsys.readouterr().out
+    assert "resumed at step 8 from step-00000008 (local tier)" in text
