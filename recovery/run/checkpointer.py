@@ -224,7 +224,7 @@ class Checkpointer(Tiered):
         path = None
         if self.local is not None:
             self.local.raise_if_failed()  # a promotion's failure, at the step after it
-            if self.local.due(step) and not (preempt or due):
+            if self.local.due(step) and not (preempt or due or self.local.busy()):
                 self._snapshot(state, step)
         if preempt or milestone or due:
             values = self._metrics(metrics, step)

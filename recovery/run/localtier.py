@@ -67,10 +67,20 @@ class LocalTier:
         self._staging = Staging() if async_save else None
         self._pinned: set[int] = set()
         self.snapshot_bytes = 0
+        self.skipped = 0
+        """Snapshots skipped since the last one was taken (:meth:`busy`)."""
 
     def due(self, step: int) -> bool:
         """Whether ``step`` is a local snapshot's step."""
         return step > 0 and step % self.every == 0
+
+    def busy(self) -> bool:
+        """Whether the previous snapshot is still being written (``checkpoint.async``): a
+        snapshot due now is skipped (:attr:`skipped`) rather than waited for, unless it is to
+        be promoted. The training thread never waits for a write into RAM."""
+        busy = self._snapshots is not None and self._snapshots.busy
+        self.skipped += busy
+        return busy
 
     def held(self) -> list[tuple[int, Path]]:
         """The committed snapshots in the local directory, oldest first (not verified)."""
@@ -183,6 +193,7 @@ class LocalTier:
             faults_as="local",
             differential=None,
         )
+        skipped, self.skipped = self.skipped, 0
         if self._staging is None or self._snapshots is None:
             skeletons, tensors = split(state.state_dict())
             self._commit(local, skeletons, tensors, started, then)
@@ -192,7 +203,9 @@ class LocalTier:
         pause = time.perf_counter() - started
 
         def run() -> Path:
-            self._commit(local, staged.skeletons, staged.tensors, started, then, pause=pause)
+            self._commit(
+                local, staged.skeletons, staged.tensors, started, then, pause=pause, skipped=skipped
+            )
             return local.final
 
         self._snapshots.submit(run)
@@ -207,6 +220,7 @@ class LocalTier:
         then: Then | None,
         *,
         pause: float | None = None,
+        skipped: int = 0,
     ) -> None:
         mf = local.write(skeletons, tensors, signer=self.signer)
         for path in tiers.retire(self.held(), local.step, self._pinned):
@@ -222,6 +236,7 @@ class LocalTier:
                 "write_s": write_s,
                 "bytes": self.snapshot_bytes,
                 "path": str(local.final),
+                **({"skipped": skipped} if skipped else {}),
             }
         )
         if then is not None:
