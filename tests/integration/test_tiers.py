@@ -5,6 +5,7 @@ snapshot every 2, promoted every 6)."""
 
 from __future__ import annotations
 
+import json
 import os
 import sys
 from pathlib import Path
@@ -91,3 +92,21 @@ def test_sigkill_in_every_phase_of_both_tiers_resumes_the_newest_verified_step_e
     assert a.keys() == b.keys() and all(torch.equal(a[k], b[k]) for k in a)
     assert not local.exists()  # the run ended with its newest step persistent
     assert scan(run_dir).stale == []
+
+
+def test_the_tiers_benchmark_runs_end_to_end(tmp_path):
+    """make bench-tiers on a tiny state (speed is never asserted): one kill, both layouts."""
+    from tests import launcher
+
+    out = tmp_path / "bench.json"
+    cmd = [sys.executable, str(ROOT / "benchmarks" / "bench_tiers.py"), "--size-mb", "1"]
+    cmd += ["--steps", "12", "--step-ms", "1", "--kills", "1", "--every", "6"]
+    cmd += ["--local-every", "2", "--dir", str(tmp_path), "--shm", str(tmp_path / "shm")]
+    done = launcher.run([*cmd, "--json", str(out)], capture_output=True, text=True, timeout=300)
+    assert done.returncode == 0, done.stdout + done.stderr
+    result = json.loads(out.read_text())
+    (kill,) = result["kills"]
+    one, two = result["one_tier"], result["two_tiers"]
+    assert one["redone"] == [kill % 6] and two["redone"] == [kill % 2]
+    assert two["local_resume"]["verified_load_s"] > 0
+    assert "fewer steps redone per failure with two tiers" in done.stdout
