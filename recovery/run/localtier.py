@@ -118,7 +118,7 @@ class LocalTier:
     ) -> None:
         """At the run's first step ``step``: discard snapshots of another branch, check
         that :data:`~recovery.run.tiers.HELD` snapshots fit, and say what they reserve.
-        A run ``resumed`` from a local snapshot promotes it in the background (unless its
+        Then a run ``resumed`` from a local snapshot promotes it in the background (unless its
         step is in the run directory already): the state it recovered becomes durable, and
         a run resumed at its last step still ends with that step persistent. ``root``: the
         digest the resume verified, which the snapshot must still have.
@@ -127,17 +127,6 @@ class LocalTier:
             StorageError: they do not fit (one line, before the first step).
             VerificationError: the snapshot resumed from changed since it was read.
         """
-        if resumed is not None and resumed.parent == self.dir:
-            final = self.run_dir / step_dir_name(step)
-            if not final.exists():
-                mf = listed.read_manifest(resumed, trust, allow_untrusted=allow_untrusted)
-                if mf.root != root:
-                    raise SignatureError(
-                        f"{resumed}: its manifest changed since the resume verified it (root "
-                        f"{mf.root}, expected {root}); not promoting it. Requeue the run.",
-                        path=resumed,
-                    )
-                self.promote(_resumed_job(final, mf), resumed, mf, pause=0.0, waited=0.0)
         for path in tiers.newer(self.held(), step):
             log.warning(
                 "removing local snapshot %s: newer than step %d the run starts at", path, step
@@ -168,6 +157,17 @@ class LocalTier:
                 "free_bytes": free + held,
             }
         )
+        if resumed is not None and resumed.parent == self.dir:
+            final = self.run_dir / step_dir_name(step)
+            if not final.exists():
+                mf = listed.read_manifest(resumed, trust, allow_untrusted=allow_untrusted)
+                if mf.root != root:
+                    raise SignatureError(
+                        f"{resumed}: its manifest changed since the resume verified it (root "
+                        f"{mf.root}, expected {root}); not promoting it. Requeue the run.",
+                        path=resumed,
+                    )
+                self.promote(_resumed_job(final, mf), resumed, mf, pause=0.0, waited=0.0)
 
     def snapshot(self, job: SaveJob, state: TrainState, *, then: Then | None = None) -> float:
         """Snapshot ``job``'s step into the local directory; return the seconds the training

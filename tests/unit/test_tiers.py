@@ -256,3 +256,15 @@ def test_ls_lists_the_local_snapshots_as_not_durable_and_the_resume_s_tier(
     assert cli.main(argv) == 0
     text = capsys.readouterr().out
     assert "resumed at step 8 from step-00000008 (local tier)" in text
+
+
+def test_a_fresh_run_refuses_a_run_directory_whose_local_tier_holds_snapshots(
+    tmp_path, signer, trust, prov
+):
+    ck, _ = crash_at(tmp_path, signer, trust, prov, 4)  # killed before its first promotion
+    assert scan(ck.run_dir).committed == [] and [s for s, _ in ck.local.held()] == [4]
+    fresh = checkpointer(tmp_path, signer, trust, prov, final=12)
+    with pytest.raises(RunDirInUseError, match=r"holds local snapshots up to step 4 .*resume"):
+        fresh.restore(tiny_state(), None)
+    fresh.close()
+    assert [s for s, _ in ck.local.held()] == [4]  # untouched
