@@ -32,7 +32,7 @@ from recovery.format.layout import (
     parse_step,
     scan,
 )
-from recovery.run import checked, journal, tiers
+from recovery.run import checked, journal
 from recovery.storage import tracking
 from recovery.tools.report.run import story
 
@@ -84,7 +84,7 @@ def ls_row(path: Path, args: argparse.Namespace, trust: Any) -> dict[str, Any]:
     delta = loaded.delta
     summary = f"ok, delta of {delta['base']}" if delta is not None else "ok"
     row.update(purpose=loaded.manifest.purpose, verified=True, status="ok", summary=summary)
-    row["tier"] = loaded.manifest.recovery.get("tier", tiers.PERSISTENT)  # signed
+    row["tier"] = loaded.manifest.recovery.get("tier", tierrows.PERSISTENT)  # signed
     row["base"] = delta["base"] if delta is not None else None
     row.update(size=sum(r.size for r in loaded.manifest.files), loss=metrics.get("loss"))
     row["signer"] = checked.signer(loaded.manifest)

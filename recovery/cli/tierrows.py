@@ -16,6 +16,9 @@ from typing import Any
 
 from recovery.format.layout import METRICS_FILE, scan
 from recovery.run import journal, tiers
+from recovery.run.tiers import PERSISTENT
+
+__all__ = ["PERSISTENT", "local_dir", "local_rows"]
 
 Row = Callable[[Path, argparse.Namespace, Any], dict[str, Any]]
 
