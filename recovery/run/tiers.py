@@ -41,8 +41,15 @@ Design (issue 30):
   times :data:`HELD` must fit the local root's free space (``shutil.disk_usage``;
   for tmpfs the mount's limit), else a one-line :class:`~recovery.errors.StorageError`
   before the first step; what it reserves is logged and journaled (``local_tier``).
+- **Pause.** Synchronous: the snapshot's whole write into RAM. With
+  ``checkpoint.async``: the copy into reused host buffers; the write runs on a
+  background thread, and a snapshot due while the previous one is still written
+  is skipped (counted), never waited for, unless its step is to be promoted.
+- **Interval per tier.** :func:`plan` (``recovery plan --local-cost``): Young/Daly for
+  each tier's cost and the failures only it recovers from.
 - **Not built yet:** peer replicas under torchrun (the local tier is refused
-  there), ``make bench-tiers``, and differential snapshots (refused together).
+  there), differential snapshots (refused together), and an automatic local
+  interval at run time (``checkpoint.local.every_steps`` is fixed).
 """
 
 from __future__ import annotations
