@@ -237,7 +237,7 @@ def test_a_local_tier_that_would_not_fit_is_refused_in_one_line_before_the_first
     assert ck._lock is None  # refused: the run directory is free again
 
 
-def test_ls_lists_the_local_snapshots_as_not_durable_and_the_resume_s_tier(
+def test_ls_and_audit_show_the_local_snapshots_and_the_resume_s_tier(
     tmp_path, signer, trust, prov, capsys
 ):
     from recovery import cli
@@ -250,12 +250,20 @@ def test_ls_lists_the_local_snapshots_as_not_durable_and_the_resume_s_tier(
         (6, PERSISTENT, True),
         (8, LOCAL, True),
     ]
+    state = tiny_state()
     again = checkpointer(tmp_path, signer, trust, prov, final=12)
-    assert again.restore(tiny_state(), "latest") == 8
+    assert again.restore(state, "latest") == 8
+    for step in range(9, 13):
+        train_steps(state, 1)
+        again.maybe_save(state, step)
     again.close()
     assert cli.main(argv) == 0
     text = capsys.readouterr().out
     assert "resumed at step 8 from step-00000008 (local tier)" in text
+    # the audit walks the resume's link to the snapshot's persistent copy (one digest)
+    twelve = ck.run_dir / step_dir_name(12)
+    assert cli.main(["audit", str(twelve), "--trusted", str(signer.path.parent)]) == 0
+    assert "<- resume (from the local tier): step-00000008" in capsys.readouterr().out
 
 
 def test_a_fresh_run_refuses_a_run_directory_whose_local_tier_holds_snapshots(
