@@ -4,11 +4,13 @@
     python benchmarks/bench_checkpoint.py --scaling 0.25,1,4 [--runs 3] [--json OUT]
 
 State: a transformer-shaped fp32 model plus Adam's two moments (about 1 GiB at
-the default size, ~300 tensors). Every method saves the same tensors into the
-same directory, followed by fsync where the method leaves that to the caller;
-files are deleted between runs. Each load runs in a fresh child process, as a
+the default size, ~300 tensors, 1024 wide; narrower below 0.15 GiB: see
+``workload.py``). Every method saves the same tensors into the same directory,
+followed by fsync where the method leaves that to the caller; files are
+deleted between runs. Each load runs in a fresh child process, as a
 resume does (in one long-lived process, the allocator hands later loads warm
-memory that a resuming process never has), timed around the load call alone,
+memory that a resuming process never has), forked from a helper that only
+imported the modules (``forked.py``), timed around the load call alone,
 with the file in the page cache for every method alike. Reported: the median
 of ``--runs`` runs in seconds, and each method's ratio to its floor (raw write
 + fsync for saves, the preallocated-buffer memcpy for the async pause,
@@ -32,7 +34,6 @@ import os
 import platform
 import shutil
 import statistics
-import subprocess
 import sys
 import tempfile
 import threading
@@ -51,68 +52,11 @@ from recovery.run import resume
 from recovery.run.staging import Staging
 from recovery.state import snapshot
 
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+from forked import HELPER_FLAG, Helper, serve  # this directory's modules
+from workload import flat, fsync_tree, make_state, nbytes, tensors_only
 
-def make_state(size_gb: float, *, fill: bool = True) -> dict[str, Any]:
-    """A model state_dict and an Adam state_dict, ~``size_gb`` GiB together (3 x params).
-
-    With ``fill=False`` the tensors are left uninitialised (a load target).
-    """
-    d = 1024
-    per_layer = 3 * d * d + 3 * d + d * d + d + 4 * d * d + 4 * d + 4 * d * d + d + 4 * d
-    layers = max(1, round(size_gb * (1 << 30) / 4 / 3 / per_layer))
-    g = torch.Generator().manual_seed(0)
-
-    def randn(*shape: int) -> torch.Tensor:
-        return torch.randn(*shape, generator=g) if fill else torch.empty(*shape)
-
-    def like(t: torch.Tensor) -> torch.Tensor:
-        return torch.randn_like(t) if fill else torch.empty_like(t)
-
-    model: dict[str, torch.Tensor] = {"embed.weight": randn(2048, d)}
-    for i in range(layers):
-        p = f"layers.{i}."
-        model |= {
-            p + "attn.qkv.weight": randn(3 * d, d),
-            p + "attn.qkv.bias": randn(3 * d),
-            p + "attn.out.weight": randn(d, d),
-            p + "attn.out.bias": randn(d),
-            p + "mlp.fc1.weight": randn(4 * d, d),
-            p + "mlp.fc1.bias": randn(4 * d),
-            p + "mlp.fc2.weight": randn(d, 4 * d),
-            p + "mlp.fc2.bias": randn(d),
-            p + "ln1.weight": torch.ones(d),
-            p + "ln1.bias": torch.zeros(d),
-            p + "ln2.weight": torch.ones(d),
-            p + "ln2.bias": torch.zeros(d),
-        }
-    state = {
-        i: {"step": torch.tensor(100.0), "exp_avg": like(t), "exp_avg_sq": like(t).abs_()}
-        for i, t in enumerate(model.values())
-    }
-    groups = [
-        {"lr": 1e-3, "betas": (0.9, 0.999), "eps": 1e-8, "weight_decay": 0.0, "params": list(state)}
-    ]
-    return {"model": model, "optimizer": {"state": state, "param_groups": groups}}
-
-
-def flat(tree: dict[str, Any]) -> dict[str, torch.Tensor]:
-    out = dict(tree["model"])
-    for i, s in tree["optimizer"]["state"].items():
-        for k, v in s.items():
-            out[f"opt.{i}.{k}"] = v
-    return out
-
-
-def nbytes(tensors: dict[str, torch.Tensor]) -> int:
-    return sum(t.numel() * t.element_size() for t in tensors.values())
-
-
-def fsync_tree(path: Path) -> None:
-    for f in [path] if path.is_file() else sorted(path.rglob("*")):
-        if f.is_file():
-            fd = os.open(f, os.O_RDONLY)
-            os.fsync(fd)
-            os.close(fd)
+HELPER = Helper(__file__)
 
 
 def timed(fn: Callable[[], Any]) -> float:
@@ -128,10 +72,16 @@ def peak_rss_child(size_gb: float, workdir: Path) -> float:
 
 
 def _child(mode: list[str], work: Path, size_gb: float) -> float:
-    """Run this script in a fresh process in ``mode``; return the number it prints last."""
-    cmd = [sys.executable, __file__, *mode, "--dir", str(work), "--size-gb", str(size_gb)]
-    out = subprocess.run(cmd, capture_output=True, text=True, check=True)
-    return float(out.stdout.strip().splitlines()[-1])
+    """``mode``'s number, measured in a fresh child process (see :mod:`forked`)."""
+    return HELPER.measure([*mode, "--dir", str(work), "--size-gb", str(size_gb)])
+
+
+def measure(argv: list[str]) -> float:
+    """A child's measurement: ``--load-child KIND`` or ``--peak-child``."""
+    args = parser().parse_args(argv)
+    if args.peak_child:
+        return child_peak(Path(args.dir), args.size_gb)
+    return child_load(args.load_child, Path(args.dir), args.size_gb)
 
 
 def _rss(field: str) -> int:
@@ -161,7 +111,7 @@ def child_peak(work: Path, size_gb: float) -> float:
     return (_rss("VmHWM:") - base) / size
 
 
-def main(argv: list[str] | None = None) -> int:
+def parser() -> argparse.ArgumentParser:
     ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     ap.add_argument("--size-gb", type=float, default=1.0)
     ap.add_argument("--runs", type=int, default=5)
@@ -172,13 +122,22 @@ def main(argv: list[str] | None = None) -> int:
     )
     ap.add_argument("--load-child", default=None, help=argparse.SUPPRESS)
     ap.add_argument("--peak-child", action="store_true", help=argparse.SUPPRESS)
-    args = ap.parse_args(argv)
-    if args.peak_child:
-        print(child_peak(Path(args.dir), args.size_gb))
+    return ap
+
+
+def main(argv: list[str] | None = None) -> int:
+    argv = sys.argv[1:] if argv is None else argv
+    if argv == [HELPER_FLAG]:
+        serve(measure, preload=("torch.distributed.checkpoint",))
         return 0
-    if args.load_child:
-        print(child_load(args.load_child, Path(args.dir), args.size_gb))
-        return 0
+    args = parser().parse_args(argv)
+    try:
+        return bench(args)
+    finally:
+        HELPER.close()
+
+
+def bench(args: argparse.Namespace) -> int:
 
     work = Path(args.dir or tempfile.mkdtemp(prefix="recovery-bench-"))
     work.mkdir(parents=True, exist_ok=True)
@@ -420,11 +379,6 @@ def child_load(kind: str, work: Path, size_gb: float) -> float:
     trust = TrustStore()
     trust.add_pem(signer.public_pem, source="bench")
     return timed(lambda: resume.load(target / "step-00000001", trust))
-
-
-def tensors_only(tree: dict[str, Any]) -> dict[str, Any]:
-    """The optimizer state as DCP stores it (nested dicts of tensors; groups as plain values)."""
-    return {str(i): s for i, s in tree["optimizer"]["state"].items()}
 
 
 if __name__ == "__main__":

@@ -40,7 +40,7 @@ RUN = "run"
 def shapes(size_gb: float) -> list[tuple[int, ...]]:
     """The parameter shapes of the benchmark state (about a third of ``size_gb``)."""
     sys.path.insert(0, str(BENCH))
-    from bench_checkpoint import make_state
+    from workload import make_state
 
     return [tuple(t.shape) for t in make_state(size_gb, fill=False)["model"].values()]
 

@@ -10,7 +10,6 @@ and checkpoints, and a clean close.
 from __future__ import annotations
 
 import dataclasses
-import hashlib
 import logging
 import math
 import random
@@ -25,6 +24,8 @@ import torch
 from omegaconf import DictConfig, OmegaConf
 from tqdm import tqdm
 
+from recipes.naming import hydra_overrides, named
+from recipes.naming import sweep_job_name as sweep_job_name  # recipes.run cleans its logs
 from recovery import faults
 from recovery.config import (
     CheckpointConfig,
@@ -83,15 +84,6 @@ def seed_everything(seed: int) -> None:
     random.seed(seed)
     np.random.seed(seed % 2**32)
     torch.manual_seed(seed)
-
-
-def hydra_overrides() -> list[str]:
-    """The command-line overrides of this Hydra job (empty outside ``@hydra.main``)."""
-    from hydra.core.hydra_config import HydraConfig
-
-    if not HydraConfig.initialized():
-        return []
-    return list(HydraConfig.get().overrides.task)
 
 
 def join(cfg: DictConfig) -> tuple[World, str]:
@@ -216,60 +208,6 @@ def ignored(ckpt: Checkpointer, journal: Journal, fixed: dict[str, str]) -> None
         journal.write({"event": "override_ignored", "lines": lines})
 
 
-MAX_JOB_NAME = 200
-"""Longest sweep job directory name, in bytes (a file name holds 255)."""
-
-
-NAMES_NO_JOB = ("resume", "init_from", "checkpoint.root", "run.name")
-"""Overrides that never tell two sweep jobs apart: a requeue adds ``+resume``, and the
-roots are already the job's path."""
-
-
-def sweep_job_name(name: str, cfg: DictConfig | None = None) -> str:
-    """The run name of this job: ``run.name``, or under a Hydra sweep (``-m``)
-    ``<run.name>.sweep/<the job's overrides>``, so each job of a sweep is its own run, the
-    same sweep with ``+resume=latest`` resumes each job in its own, and no job lands in
-    the plain run's directory (DVC's export stage depends on it).
-
-    The job's overrides are Hydra's ``override_dirname`` for it, sorted, without
-    :data:`NAMES_NO_JOB`; an override that is a secret (a secret-looking key, or a
-    secret of ``cfg`` in its value), a path, or a key the config lists in
-    ``hydra.job.config.override_dirname.exclude_keys`` is left out of the words and
-    kept in a digest at the end (``~<12 hex>``), so two jobs that differ only there
-    still get two runs; a name past :data:`MAX_JOB_NAME` bytes keeps its start and a
-    digest of the whole."""
-    from hydra.core.hydra_config import HydraConfig
-    from hydra.types import RunMode
-
-    from recovery.provenance.capture import is_secret_key, mask, secret_values
-
-    if not HydraConfig.initialized() or HydraConfig.get().mode != RunMode.MULTIRUN:
-        return name
-    hc = HydraConfig.get()
-    exclude = set(hc.job.config.override_dirname.exclude_keys or [])
-    container = OmegaConf.to_container(cfg, resolve=True) if cfg is not None else {}
-    secrets = secret_values(container)
-    shown, hidden = [], []
-    for item in sorted(i.lstrip("+~") for i in hc.overrides.task):
-        key, _, value = item.partition("=")
-        if key in NAMES_NO_JOB:
-            continue
-        private = is_secret_key(key) or mask(value, secrets) != value
-        if private or key in exclude or "/" in value:
-            hidden.append(item)
-        else:
-            shown.append(item)
-    job = ",".join(shown) or ("job" if hidden else f"job{hc.job.num}")
-    if hidden:
-        job += "~" + hashlib.sha256("\n".join(hidden).encode()).hexdigest()[:12]
-    if len(job.encode()) > MAX_JOB_NAME:  # a file name has 255 bytes at most
-        job = (
-            f"{job.encode()[: MAX_JOB_NAME - 13].decode(errors='ignore')}~"
-            + (hashlib.sha256(job.encode()).hexdigest()[:12])
-        )
-    return f"{name}.sweep/{job}"
-
-
 def train(
     cfg: DictConfig,
     state: TrainState,
@@ -310,7 +248,7 @@ def train(
     ck = typed(CheckpointConfig, cfg.checkpoint, key="checkpoint")
     if ck.best_metric is None:
         ck = dataclasses.replace(ck, best_metric=best_metric)
-    run_cfg = typed(RunConfig, cfg.run, key="run")
+    run_cfg = named(cfg, typed(RunConfig, cfg.run, key="run"), ck)
     steps = typed(TrainConfig, cfg.train, key="train")
     run_dir = Path(ck.root) / sweep_job_name(run_cfg.name, cfg)
     journal = Journal(run_dir / METRICS_FILE if world.leader else None)
@@ -346,45 +284,50 @@ def train(
         disable=not (sys.stderr.isatty() and world.leader),
     )
     guard.install()
-    try:
-        while step < steps.steps:
-            if probe is not None:
-                probe.before()
-            result = one_step()
-            step += 1
-            update = probe.after() if probe is not None else None
-            journal.write(
-                {
-                    "step": step,
-                    "epoch": result.epoch,
-                    "loss": result.loss,
-                    "lr": result.lr,
-                    "batch": batch_digest(result.batch),
-                    **({"update": update} if update is not None else {}),
-                }
-            )
-            bar.update(1)
+    try:  # the journal closed and the guard uninstalled before the job may requeue
+        try:
+            while step < steps.steps:
+                if probe is not None:
+                    probe.before()
+                result = one_step()
+                step += 1
+                update = probe.after() if probe is not None else None
+                journal.write(
+                    {
+                        "step": step,
+                        "epoch": result.epoch,
+                        "loss": result.loss,
+                        "lr": result.lr,
+                        "batch": batch_digest(result.batch),
+                        **({"update": update} if update is not None else {}),
+                    }
+                )
+                bar.update(1)
+                if monitor is not None:
+                    report(
+                        journal,
+                        step,
+                        monitor.observe(step, loss=result.loss, lr=result.lr, update=update),
+                    )
+                ckpt.maybe_save(state, step, metrics=partial(metrics, result.loss))
+                if step % steps.log_every == 0 or step == steps.steps:
+                    bar.set_postfix(loss=f"{result.loss:.4f}", epoch=result.epoch)
+                    log.info(
+                        "step %d epoch %d loss %.4f lr %.2e",
+                        *(step, result.epoch, result.loss, result.lr),
+                    )
+                faults.reach(f"step-{step}")
             if monitor is not None:
-                report(
-                    journal,
-                    step,
-                    monitor.observe(step, loss=result.loss, lr=result.lr, update=update),
-                )
-            ckpt.maybe_save(state, step, metrics=partial(metrics, result.loss))
-            if step % steps.log_every == 0 or step == steps.steps:
-                bar.set_postfix(loss=f"{result.loss:.4f}", epoch=result.epoch)
-                log.info(
-                    "step %d epoch %d loss %.4f lr %.2e", step, result.epoch, result.loss, result.lr
-                )
-            faults.reach(f"step-{step}")
-        if monitor is not None:
-            report(journal, step, monitor.finish())
-        ckpt.close()
-    except Preempted:
-        ckpt.close()
+                report(journal, step, monitor.finish())
+            ckpt.close()
+        except Preempted:
+            ckpt.close()
+            raise
+        finally:
+            bar.close()
+            guard.uninstall()
+            journal.close()
+    except Preempted as err:
+        ckpt.requeue_after(err)
         raise
-    finally:
-        bar.close()
-        guard.uninstall()
-        journal.close()
     return 0

@@ -33,6 +33,7 @@ from recovery.version import __version__ as __version__
 if TYPE_CHECKING:  # the lazily imported names, for type checkers and IDEs
     from recovery.config import (
         CheckpointConfig,
+        ClusterConfig,
         HealthConfig,
         ResumeCheckConfig,
         RunConfig,
@@ -54,6 +55,7 @@ if TYPE_CHECKING:  # the lazily imported names, for type checkers and IDEs
 
 _LAZY: dict[str, tuple[str, str]] = {
     "CheckpointConfig": ("recovery.config", "CheckpointConfig"),
+    "ClusterConfig": ("recovery.config", "ClusterConfig"),
     "HealthConfig": ("recovery.config", "HealthConfig"),
     "ResumeCheckConfig": ("recovery.config", "ResumeCheckConfig"),
     "RunConfig": ("recovery.config", "RunConfig"),
@@ -97,6 +99,7 @@ __all__ = [
     "CheckpointConfig",
     "CheckpointNotFoundError",
     "Checkpointer",
+    "ClusterConfig",
     "CommitError",
     "ConfigError",
     "HealthConfig",

@@ -32,9 +32,9 @@ from recovery.format.layout import (
     parse_step,
     scan,
 )
-from recovery.run import checked, journal
+from recovery.run import checked, journal, scheduler
 from recovery.storage import tracking
-from recovery.tools.report.run import story
+from recovery.tools.report.run import Story, story
 
 # what each failure reads as in the status column (a class not here: its exit-code text)
 VERDICTS: dict[type[errors.RecoveryError], str] = {
@@ -132,12 +132,15 @@ def columns(table: list[list[str]], right: tuple[int, ...]) -> str:
     )
 
 
-def resume_checks(run_dir: Path) -> list[dict[str, Any]]:
+def run_story(run_dir: Path) -> Story:
+    """The run's journal read as its history (empty without a journal)."""
+    path = run_dir / METRICS_FILE
+    return story(journal.read(path)) if path.is_file() else Story()
+
+
+def resume_checks(run_dir: Path, st: Story | None = None) -> list[dict[str, Any]]:
     """Each resume the run's journal records, with its self-check (what the run says: the
     journal is not signed)."""
-    path = run_dir / METRICS_FILE
-    if not path.is_file():
-        return []
     return [
         {
             "step": r.step,
@@ -145,8 +148,26 @@ def resume_checks(run_dir: Path) -> list[dict[str, Any]]:
             "check": r.checked,
             "status": (r.check or {}).get("status"),
         }
-        for r in story(journal.read(path)).resumes
+        for r in (st if st is not None else run_story(run_dir)).resumes
     ]
+
+
+def history_lines(st: Story) -> list[str]:
+    """What ``ls`` prints below the table: each resume with its self-check and the
+    scheduler job it ran in (``SLURM job 41 restart 2 after time limit (SIGUSR1)``), and
+    each requeued start that began afresh (killed before its first checkpoint)."""
+    lines = [
+        f"resumed at step {r.step} from {r.name}: {r.checked}"
+        + (f"; {scheduler.describe(r.job)}" if r.job else "")
+        for r in st.resumes
+    ]
+    requeued = [id(j) for j in st.requeues]
+    lines += [
+        f"began afresh ({p.kind}): {p.scheduled}"
+        for p in st.processes
+        if p.kind != "resume" and id(p.job) in requeued
+    ]
+    return lines
 
 
 def cmd_ls(args: argparse.Namespace) -> int:
@@ -208,10 +229,12 @@ def cmd_ls(args: argparse.Namespace) -> int:
     ]
     if not dvc_on:
         table = [line[:6] + line[7:] for line in table]
-    resumes = resume_checks(run_dir) if one is None else []
+    told = run_story(run_dir) if one is None else Story()
+    resumes = resume_checks(run_dir, told)
+    jobs = [p.job for p in told.processes if p.job is not None]
     data = {"run_dir": str(run_dir), "dvc_in_use": dvc_on, "checkpoints": rows,
-            "resumes": resumes}  # fmt: skip
-    lines = [f"resumed at step {r['step']} from {r['from']}: {r['check']}" for r in resumes]
+            "resumes": resumes, "jobs": jobs}  # fmt: skip
+    lines = history_lines(told)
     emit(args, data, "\n".join([columns(table, right=(0, 3)), *lines]))
     if not failed:
         return 0

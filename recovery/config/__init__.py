@@ -27,6 +27,7 @@ from recovery.config.checks import (
     parse_duration,
     refuse,
 )
+from recovery.config.cluster import ClusterConfig
 from recovery.config.groups import (
     BACKTESTS,
     STRATEGIES,
@@ -45,6 +46,7 @@ __all__ = [
     "STRATEGIES",
     "TIMING_KEYS",
     "CheckpointConfig",
+    "ClusterConfig",
     "DifferentialConfig",
     "DistConfig",
     "DrillConfig",

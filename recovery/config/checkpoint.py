@@ -15,6 +15,7 @@ from recovery.config.checks import (
     one_of,
     refuse,
 )
+from recovery.config.cluster import ClusterConfig
 from recovery.errors import ConfigError
 
 
@@ -156,6 +157,9 @@ class CheckpointConfig:
     """The exit code of a preempted run ("checkpointed, requeue me"): 75 (EX_TEMPFAIL); 31
     to 255, never one of recovery's own error codes (1 to 30). Kubeflow's ``restartPolicy:
     ExitCode`` retries only 128 to 255: set e.g. 143 there."""
+    cluster: ClusterConfig = field(default_factory=ClusterConfig)
+    """The batch scheduler the run is under: its job names the run, each start is
+    journaled, and the run may requeue its own job (:mod:`recovery.run.scheduler`)."""
     dvc: DvcConfig = field(default_factory=DvcConfig)
     """DVC tracking of committed checkpoints."""
     keep_best: bool = False
@@ -206,6 +210,7 @@ class CheckpointConfig:
         check_duration("checkpoint.mtbf", self.mtbf, "24h")
         check_signals("checkpoint.preempt_signals", self.preempt_signals)
         check_exit_code("checkpoint.preempt_exit_code", self.preempt_exit_code)
+        self.cluster.check_caught(self.preempt_signals)
         not_empty("checkpoint.best_metric", self.best_metric, "val_loss")
         if self.hash == "blake3" and importlib.util.find_spec("blake3") is None:
             raise refuse(

@@ -47,7 +47,7 @@ from recovery.run.differential import Differential, Plan
 from recovery.run.job import SaveJob
 from recovery.run.journal import Journal
 from recovery.run.localtier import LocalTier
-from recovery.run.preemption import PreemptionGuard
+from recovery.run.preemption import PreemptionGuard, agreed
 from recovery.run.restoring import defaults
 from recovery.run.tiered import Tiered
 from recovery.state import wrapping
@@ -346,9 +346,13 @@ class Checkpointer(Tiered):
         )
 
     def _preempt(self, state: TrainState, step: int, metrics: dict[str, Any] | None) -> None:
-        # under torchrun another rank may have been signalled first: this one follows it
+        # under torchrun the ranks may not all have their signal yet, or not the same one:
+        # they agree on it (the time limit's if any rank has it), and each joins it
         requested = self.preemption.requested if self.preemption is not None else None
-        signal_name = requested or "a peer rank's preemption"
+        name = agreed(distributed.gather_text(requested or ""), self.cfg.cluster.time_limit_signal)
+        if name is not None and self.preemption is not None:
+            self.preemption.join(name)
+        signal_name = name or "a peer rank's preemption"
         if self.last_saved != step:
             self.save(state, step, metrics=metrics, sync=True)
         else:

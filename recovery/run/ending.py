@@ -7,8 +7,9 @@ guard and journal the checkpointer made, released). As a context manager the
 checkpointer closes itself, and a library error leaving the block ends the
 process as ``recovery`` and ``train.py`` do: one line on stderr and the README's
 exit code (:mod:`recovery.exitcodes`; :class:`~recovery.errors.Preempted`:
-``checkpoint.preempt_exit_code``, 75 by default, "checkpointed, requeue me"), so an
-own loop needs no ``try``. A loop at module level without a with-block gets the same
+``checkpoint.preempt_exit_code``, 75 by default, "checkpointed, requeue me"; with
+``checkpoint.cluster.requeue`` the SLURM job is requeued first), so an own loop needs
+no ``try``. A loop at module level without a with-block gets the same
 from :meth:`Ending.exit_on_error`.
 """
 
@@ -34,14 +35,14 @@ from recovery.provenance import lineage
 from recovery.run import retention
 from recovery.run.cadence import Cadence
 from recovery.run.job import SaveJob
-from recovery.run.restoring import Restoring
 from recovery.run.savers import Cost, Inline
+from recovery.run.scheduling import Scheduled
 from recovery.storage import tracking
 
 log = logging.getLogger(__name__)
 
 
-class Ending(Restoring):
+class Ending(Scheduled):
     """After-commit and close (the checkpointer's base, which sets these attributes)."""
 
     publisher: tracking.Publisher | None
@@ -150,7 +151,9 @@ class Ending(Restoring):
             if not isinstance(err, RecoveryError):
                 err = failed
         if isinstance(err, RecoveryError):
-            raise SystemExit(_one_line(err)) from err
+            code = _one_line(err)
+            self.requeue_after(err)  # closed: the journal has its last record
+            raise SystemExit(code) from err
 
     def exit_on_error(self) -> None:
         """For a loop at module level, without a with-block: from now on an uncaught library
@@ -169,6 +172,7 @@ class Ending(Restoring):
             except RecoveryError as failed:
                 log.error("while closing: %s", failed)
             code = _one_line(err)
+            self.requeue_after(err)
             atexit._run_exitfuncs()  # what the interpreter's own exit would still run
             for stream in (sys.stdout, sys.stderr):
                 stream.flush()

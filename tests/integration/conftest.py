@@ -88,8 +88,9 @@ def data_root(shared_dir):
 def trainer(data_root, signer):
     """``trainer(root, *overrides, pause_at=None)`` runs train.py; with ``pause_at`` it is
     SIGKILLed when it reaches that :mod:`recovery.faults` point, or, with ``signals``,
-    sent those signals there and then released to handle them. Runs sign with the
-    session's test key (``dev_key=True``: with the auto-made dev key instead)."""
+    sent those signals there, ``signal_gap`` seconds apart, and then released to handle
+    them. Runs sign with the session's test key (``dev_key=True``: with the auto-made dev
+    key instead)."""
 
     def run(
         root: Path,
@@ -101,6 +102,7 @@ def trainer(data_root, signer):
         script: Path = TRAIN,
         data: Path | None = None,
         signals: tuple[int, ...] = (),
+        signal_gap: float = 0.2,
         before_kill: Callable[[], None] | None = None,
         env_extra: dict[str, str] | None = None,
         nproc: int | None = None,
@@ -157,7 +159,7 @@ def trainer(data_root, signer):
                     # deliver the signals while it is paused, then let it go on
                     for sig in signals:
                         os.kill(proc.pid, sig)
-                        time.sleep(0.2)
+                        time.sleep(signal_gap)
                     (root / "release").touch()
                 else:
                     if before_kill is not None:

@@ -27,6 +27,15 @@ SBIN = Path("/usr/sbin")
 DAEMONS = ("munged", "slurmctld", "slurmd")
 CLIENTS = ("sbatch", "squeue", "scontrol", "sinfo", "scancel", "srun")
 FINISHED = ("COMPLETED", "FAILED", "CANCELLED", "TIMEOUT", "NODE_FAIL", "OUT_OF_MEMORY")
+# states after which a job no longer runs (squeue(1), JOB STATE CODES); every other one
+# (PENDING, RUNNING, COMPLETING, and the passing ones such as SIGNALING while slurmctld
+# delivers a --signal, CONFIGURING, REQUEUED) is a job still on its way
+ENDED = (*FINISHED, "BOOT_FAIL", "DEADLINE", "PREEMPTED", "REVOKED", "SPECIAL_EXIT", "")
+
+
+def live(state: str) -> bool:
+    """Whether a job in ``state`` may still run (a passing state is not an end)."""
+    return state not in ENDED
 
 
 @dataclass

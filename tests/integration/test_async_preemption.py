@@ -9,6 +9,7 @@ import pytest
 from recovery import cli
 from recovery.format.layout import scan, step_dir_name
 from recovery.run.journal import read
+from recovery.run.preemption import SAME_REQUEST_S
 from tests.integration.conftest import assert_same_run
 
 pytestmark = pytest.mark.integration
@@ -58,7 +59,10 @@ def test_sigterm_checkpoints_at_the_next_step_and_exits_the_configured_code(
 def test_second_signal_exits_at_once_and_damages_nothing(
     tmp_path, trainer, reference, trust, signer
 ):
-    first = trainer(tmp_path, pause_at="step-45", signals=(signal.SIGTERM, signal.SIGUSR1))
+    # past the window in which a second signal is the same request (SLURM's own plus a copy)
+    gap = SAME_REQUEST_S + 0.5
+    sigs = (signal.SIGTERM, signal.SIGUSR1)
+    first = trainer(tmp_path, pause_at="step-45", signals=sigs, signal_gap=gap)
     assert first.returncode == 128 + signal.SIGUSR1, first.output
     assert "second preemption signal" in first.output
     committed = scan(first.run_dir).committed

@@ -76,9 +76,14 @@ def test_sigterm_during_a_background_save_waits_for_it_then_checkpoints_every_ra
     }
     assert stopped.output.count(f"preempted: SIGTERM: checkpointed step {at}") == 2  # both ranks
     listing = scan(root / "r")
-    assert [s for s, _ in listing.committed] == [10, 20, at] and not listing.stale
+    # the ranks train on while rank 1's save is held, so the signal, passed on by the
+    # agent, may reach them only while step 30's save waits for step 20's: then step 30
+    # is saved as usual first (and retention keeps the newest three)
+    committed = [s for s, _ in listing.committed]
+    assert committed == ([10, 20, at] if at <= 30 else [20, 30, at]) and not listing.stale
     modes = {r["step"]: r["mode"] for r in read(root / "r" / METRICS_FILE) if "mode" in r}
-    assert modes == {10: "async", 20: "async", at: "sync"}
+    usual = {10: "async", 20: "async"} | ({30: "async"} if at > 30 else {})
+    assert modes == usual | {at: "sync"}
     resumed = trainer(root, *run, "+resume=latest", nproc=2)
     assert resumed.returncode == 0, resumed.output
     assert_same_job(reference, root / "r", trust, ranks=2)

@@ -4,6 +4,7 @@
 from __future__ import annotations
 
 import json
+import os
 import socket
 import subprocess
 import sys
@@ -31,10 +32,14 @@ def free_port() -> int:
         return int(s.getsockname()[1])
 
 
-@pytest.fixture(scope="session")
+@pytest.fixture(scope="module")
 def mlflow_started(tmp_path_factory):
-    """A real tracking server (SQLite store, artifacts served) starting: session-scoped and
-    requested first, so that its start-up overlaps the reference run's."""
+    """A real tracking server (SQLite store, artifacts served) starting: requested first, so
+    that its start-up overlaps the reference run's, and stopped with this module (not held
+    to the session's end). Without MLflow's job runner: the server would otherwise start
+    about ten ``huey`` consumer processes, polling for jobs (none here) for as long as it
+    runs (about a third of a core on the 2-core machine); runs, metrics and artifacts,
+    what the test reads, do not use it."""
     where = tmp_path_factory.mktemp("mlflow")
     port = free_port()
     exe = Path(sys.executable).with_name("mlflow")
@@ -56,6 +61,7 @@ def mlflow_started(tmp_path_factory):
             ],
             stdout=log,
             stderr=subprocess.STDOUT,
+            env={**os.environ, "MLFLOW_SERVER_ENABLE_JOB_EXECUTION": "false"},
         )
     yield proc, f"http://127.0.0.1:{port}", where / "server.log"
     proc.terminate()

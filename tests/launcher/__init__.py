@@ -71,6 +71,14 @@ PROFILES: dict[str, tuple[str, ...]] = {
         "matplotlib.pyplot",
         "model_signing",
         "recipes",
+        # what reading or writing a torch.export program imports on first use (networkx,
+        # sympy, functorch, inductor: about 3 s a process that exports or serves)
+        "torch.export._trace",
+        "torch.export.pt2_archive._package",
+        "torch._export.serde.serialize",
+        "torch._functorch.aot_autograd",
+        "torch._functorch.partitioners",
+        "torch._inductor.codecache",
     ),
 }
 # what "core" must not hold, so a script's own finder can still make them absent
@@ -409,17 +417,24 @@ def run(args: list[str], **kwargs: Any) -> subprocess.CompletedProcess[Any]:
     return done
 
 
-def patch_drills() -> None:
-    """Let :mod:`recovery.tools.drill.runs` start its runs through the launcher: the same
-    real processes and SIGKILLs (commands it cannot fork still get a fresh interpreter)."""
+def patch(module: Any) -> None:
+    """Let ``module`` start its processes through the launcher: its name ``subprocess``
+    becomes :mod:`subprocess` with this module's ``Popen`` and ``run`` (the same real
+    processes and signals; a command the launcher cannot fork still gets a fresh
+    interpreter)."""
     import types
-
-    from recovery.tools.drill import runs as drill_runs
 
     shim = types.SimpleNamespace(**{k: getattr(subprocess, k) for k in subprocess.__all__})
     shim.Popen = Popen
     shim.run = run
-    drill_runs.subprocess = shim  # type: ignore[assignment]
+    module.subprocess = shim
+
+
+def patch_drills() -> None:
+    """Let :mod:`recovery.tools.drill.runs` start its runs through the launcher."""
+    from recovery.tools.drill import runs as drill_runs
+
+    patch(drill_runs)
 
 
 _KNOWN = {"env", "cwd", "stdin", "stdout", "stderr", "text", "start_new_session"}

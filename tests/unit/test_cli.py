@@ -18,6 +18,7 @@ def test_public_surface_is_pinned():
             "CheckpointConfig",
             "CheckpointNotFoundError",
             "Checkpointer",
+            "ClusterConfig",
             "CommitError",
             "ConfigError",
             "HealthConfig",

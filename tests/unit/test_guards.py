@@ -16,6 +16,7 @@ from recovery.errors import ConfigError
 from recovery.format.layout import METRICS_FILE
 from recovery.run.checkpointer import Checkpointer
 from recovery.run.journal import Journal
+from recovery.run.preemption import PreemptionGuard
 from recovery.state import guards
 from recovery.state.registry import TrainState
 from recovery.state.sampler import ResumableSampler
@@ -301,7 +302,10 @@ def test_preemption_signals_are_caught_by_default_and_exit_75(make, tmp_path):
         os.kill(os.getpid(), signal.SIGUSR1)
         adam_loop(state, ck, step, 5)
     assert stop.value.code == 75
-    assert signal.getsignal(signal.SIGUSR1) == before  # uninstalled by close
+    # uninstalled by close; for SAME_REQUEST_S a default handler's place holds a stand-in
+    # that takes a late copy of the signal for the same request, then does what it does
+    after = signal.getsignal(signal.SIGUSR1)
+    assert after == before or getattr(after, "__func__", None) is PreemptionGuard._late
     (event,) = events(tmp_path / "p", "preempted")
     assert event["signal"] == "SIGUSR1" and event["step"] == 1
 

@@ -143,6 +143,15 @@ def cost_body(c: Cost) -> str:
     return table(["", "value", "how"], facts) + (table(head, plan) if plan else "")
 
 
+def requeued(st: Story) -> str:
+    """``, 2 requeues of SLURM job 41`` (restart count above 0), or nothing."""
+    jobs = sorted({str(j.get("job_id")) for j in st.requeues})
+    if not jobs:
+        return ""
+    names = {str(j.get("scheduler", "")).upper() for j in st.requeues}
+    return f", {len(st.requeues)} requeues of {'/'.join(sorted(names))} job {', '.join(jobs)}"
+
+
 def render(
     run_dir: Path,
     st: Story,
@@ -163,7 +172,8 @@ def render(
         f"run directory {run_dir}",
         f"run {', '.join(st.run_ids) or '-'}; steps {steps[0] if steps else '-'}-"
         f"{steps[-1] if steps else '-'}; {len(st.processes)} processes, "
-        f"{len(st.resumes)} resumes; world size {', '.join(map(str, worlds)) or '1'}",
+        f"{len(st.resumes)} resumes{requeued(st)}; world size "
+        f"{', '.join(map(str, worlds)) or '1'}",
         "verification: "
         + (
             f"{len(failed)} artifacts FAILED"
@@ -185,6 +195,7 @@ def render(
             p.last_step if p.last_step is not None else "-",
             p.ended,
             duration((p.summary or {}).get("run_s")),
+            p.scheduled,
         ]
         for p in st.processes
     ]
@@ -199,7 +210,9 @@ def render(
         section("Cost of checkpointing", cost_body(c), "cost"),
         section(
             "Processes",
-            table(["began", "first step", "last step", "ended", "run time"], procs),
+            table(
+                ["began", "first step", "last step", "ended", "run time", "scheduler job"], procs
+            ),
             "processes",
         ),
         section("Warnings", items(st.warnings), "warnings"),

@@ -18,7 +18,7 @@ from dataclasses import dataclass, field
 from pathlib import PurePath
 from typing import Any
 
-from recovery.run import selfcheck
+from recovery.run import scheduler, selfcheck
 from recovery.run.history import BEGIN_EVENTS
 from recovery.run.journal import is_step
 
@@ -40,6 +40,14 @@ class Process:
     ended: str = ENDED
     summary: dict[str, Any] | None = None
     preempted: dict[str, Any] | None = None
+    job: dict[str, Any] | None = None
+    """Its ``job`` event: the scheduler job it ran in, the job's restart count and how
+    the process before stopped (:mod:`recovery.run.scheduler`); ``None``: no scheduler."""
+
+    @property
+    def scheduled(self) -> str:
+        """``SLURM job 41 restart 2 after time limit (SIGUSR1)``, or ``-``."""
+        return scheduler.describe(self.job) if self.job else "-"
 
 
 @dataclass
@@ -66,6 +74,8 @@ class Resume:
     redone: tuple[int, int] | None = None
     """Steps (first, last) the process before it had recorded past the checkpoint: the
     work the resume redid."""
+    job: dict[str, Any] | None = None
+    """The resuming process's ``job`` event (a requeue: its restart count and cause)."""
     check: dict[str, Any] | None = None
     """The self-check of its redone steps (the ``resume_check`` summary, or the first
     difference when the run ended before the summary; ``None``: not compared)."""
@@ -117,6 +127,15 @@ class Story:
     """Step -> the last record of it (the surviving run's history)."""
     superseded: list[list[dict[str, Any]]] = field(default_factory=list)
     """Per process whose records a later resume redid: those records, in order."""
+
+    @property
+    def requeues(self) -> list[dict[str, Any]]:
+        """The ``job`` events of the starts a scheduler requeued (restart count above 0)."""
+        return [
+            p.job
+            for p in self.processes
+            if p.job is not None and isinstance(p.job.get("restart"), int) and p.job["restart"]
+        ]
 
 
 def items(value: Any) -> list[Any]:
@@ -193,6 +212,10 @@ def story(records: Iterable[dict[str, Any]]) -> Story:
             proc.ended, proc.summary = COMPLETED, rec
         elif event == "preempted":
             proc.ended, proc.preempted = PREEMPTED, rec
+        elif event == scheduler.EVENT and proc.job is None:
+            proc.job = rec
+            if proc.kind == "resume" and out.resumes:
+                out.resumes[-1].job = rec
         elif event == "checkpoint" and isinstance(rec.get("step"), int):
             step = int(rec["step"])
             out.saves[step] = Save(
