@@ -161,7 +161,7 @@ def main() -> None:
     p.add_argument("--worker", action="store_true", help=argparse.SUPPRESS)
     p.add_argument("--dir", type=Path, default=Path(tempfile.gettempdir()))
     p.add_argument("--shm", type=Path, default=Path("/dev/shm"))
-    p.add_argument("--local-root", type=Path, default=Path("/dev/shm/recovery"))
+    p.add_argument("--local-root", type=Path, default=Path(f"/dev/shm/recovery-{os.geteuid()}"))
     p.add_argument("--size-mb", type=float, default=256.0)
     p.add_argument("--steps", type=int, default=300)
     p.add_argument("--step-ms", type=float, default=50.0)

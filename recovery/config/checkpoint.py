@@ -69,9 +69,10 @@ class LocalConfig:
     every_steps: int = 0
     """Snapshot into ``root`` every this many optimizer steps; 0: no local tier. Every
     persistent checkpoint is then a promoted local snapshot (no second pause)."""
-    root: str = "/dev/shm/recovery"
-    """The node-local directory (RAM by default); each run directory gets its own
-    ``<root>/<run name>-<digest of its path>/rank<r>/``."""
+    root: str = "/dev/shm/recovery-{uid}"
+    """The node-local directory (RAM by default; ``{uid}``: the user's id, so that each user
+    has a root of their own); each run directory gets its own
+    ``<root>/<run name>-<digest of its path>/rank<r>/``, every directory this user's, mode 0700."""
 
     def __post_init__(self) -> None:
         at_least("checkpoint.local.every_steps", self.every_steps, 0, 10, " (0: no local tier)")
@@ -79,7 +80,7 @@ class LocalConfig:
             raise refuse(
                 "checkpoint.local.root",
                 "must be a directory path, got an empty string",
-                "/dev/shm/recovery",
+                "/dev/shm/recovery-{uid}",
             )
 
     @property

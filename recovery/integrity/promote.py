@@ -26,7 +26,7 @@ from recovery.errors import CommitError, RecoveryError
 from recovery.format import tensorfile
 from recovery.format.layout import temp_dir_for
 from recovery.format.manifest import FileRecord, Manifest
-from recovery.integrity import commit, full, listed
+from recovery.integrity import commit, full, listed, lock, nofollow
 from recovery.integrity.signing import Signer
 
 CHUNK = tensorfile.CHUNK
@@ -82,25 +82,27 @@ def promote(
     """
     step = recovery["step"]
     tmp = temp_dir_for(final)
+    lock.check_held(final.parent)  # nothing written into a directory the lock lost
     try:
         tmp.mkdir()
-        for rec in mf.files:
+        # recognised by its inode before each file and by the commit (which takes it): a
+        # name swapped for a link or another directory while the copy runs is refused
+        made = nofollow.Made.register(tmp)
+
+        def one(i: int, rec: FileRecord) -> None:
+            made.check()
             (tmp / rec.name).parent.mkdir(parents=True, exist_ok=True)
+            point = f"promote-write-{step}" if i == 0 else None
+            copy_verified(
+                source / rec.name, tmp / rec.name, rec, algorithm=mf.hash_type, point=point
+            )
+
         with ThreadPoolExecutor(tensorfile.workers(len(mf.files))) as pool:
-            futures = [
-                pool.submit(
-                    copy_verified,
-                    source / rec.name,
-                    tmp / rec.name,
-                    rec,
-                    algorithm=mf.hash_type,
-                    point=f"promote-write-{step}" if i == 0 else None,
-                )
-                for i, rec in enumerate(mf.files)
-            ]
+            futures = [pool.submit(one, i, rec) for i, rec in enumerate(mf.files)]
         for future in futures:
             future.result()
     except BaseException as err:
+        nofollow.Made.forget(tmp)
         shutil.rmtree(tmp, ignore_errors=True)
         if (no_room := full.cause(err)) is not None and not isinstance(err, RecoveryError):
             raise full.refused(no_room, final.parent) from err

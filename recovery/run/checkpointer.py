@@ -355,8 +355,8 @@ class Checkpointer(Tiered):
         signal_name = name or "a peer rank's preemption"
         if self.last_saved != step:
             self.save(state, step, metrics=metrics, sync=True)
-        else:
-            self.pause_s += self._saver.wait()
+        else:  # that step's save, or its promotion, committed before it is said to be
+            self.pause_s += self._saver.wait() + (self.local.wait() if self.local else 0.0)
         self._event({"event": "preempted", "signal": signal_name, "step": step})
         raise Preempted(
             f"{signal_name}: checkpointed step {step} in {self.run_dir}; "

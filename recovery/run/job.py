@@ -213,3 +213,17 @@ def build(
         hash_type=hash_type,
         differential=differential,
     )
+
+
+def resumed(final: Path, mf: Manifest) -> SaveJob:
+    """The save a resumed local snapshot's promotion reports: that snapshot, at ``final``."""
+    return SaveJob(
+        final=final,
+        step=mf.step,
+        purpose=mf.purpose,
+        requires=tuple(mf.recovery.get("requires") or ()),
+        statement=dict(mf.recovery),
+        meta={},
+        config_yaml="",
+        hash_type=mf.hash_type,
+    )

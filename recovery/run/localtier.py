@@ -21,11 +21,12 @@ from pathlib import Path
 from typing import Any
 
 from recovery.config import LocalConfig
-from recovery.errors import RunDirInUseError, SignatureError
+from recovery.errors import RecoveryError, RunDirInUseError, SignatureError
 from recovery.format.layout import scan, step_dir_name
 from recovery.format.manifest import Manifest
-from recovery.integrity import commit, listed, promote
+from recovery.integrity import commit, listed, private, promote
 from recovery.integrity.signing import Signer, TrustStore
+from recovery.run import job as job_mod
 from recovery.run import tiers
 from recovery.run.job import SaveJob, Tensors, split
 from recovery.run.savers import Committed, Cost
@@ -55,7 +56,10 @@ class LocalTier:
         async_save: bool = False,
     ) -> None:
         self.every = cfg.every_steps
+        self.root = private.expand(cfg.root)
         self.dir = tiers.local_dir(cfg.root, run_dir, rank)
+        self._private: private.PrivateDir | None = None
+        """The local directory, held open once :meth:`prepare` made or checked it."""
         self.run_dir = run_dir
         self.signer = signer
         self.committed = committed
@@ -67,6 +71,9 @@ class LocalTier:
         self._staging = Staging() if async_save else None
         self._pinned: set[int] = set()
         self.snapshot_bytes = 0
+        """The newest snapshot's size (0: none committed yet)."""
+        self._rechecked = False
+        """Whether the RAM check ran again against a committed snapshot's real size."""
         self.skipped = 0
         """Snapshots skipped since the last one was taken (:meth:`busy`)."""
 
@@ -87,10 +94,36 @@ class LocalTier:
         return scan(self.dir).committed
 
     def prepare(self) -> None:
-        """Before a resume looks here: create the directory (0700) and remove what dead
-        snapshot writes left (under the run directory's lock, taken first)."""
-        self.dir.mkdir(parents=True, exist_ok=True, mode=0o700)
+        """Before a resume looks here: create the directory and those above it up to the
+        root (each 0700, this user's; existing ones checked to be: :mod:`recovery.integrity.
+        private`) and remove what dead snapshot writes left (under the run directory's lock,
+        taken first).
+
+        Raises:
+            StorageError: ``checkpoint.local.root`` cannot hold it (one line naming the key).
+            UnsafePathError: a directory on the way is a symlink, another user's, or writable
+                by others.
+        """
+        self._private = private.PrivateDir(self.root, self.dir, key="checkpoint.local.root")
         commit.remove_stale(self.dir)
+
+    def check(self) -> None:
+        """Before writing into or deleting from the local directory: it is still the private
+        directory :meth:`prepare` made or checked.
+
+        Raises:
+            UnsafePathError, StorageError: it is not.
+        """
+        if self._private is not None:
+            self._private.check()
+
+    def abandon(self) -> None:
+        """A refused start: wait for what runs in the background (its failure is the refusal's
+        to tell), then remove the empty directories :meth:`prepare` made."""
+        with contextlib.suppress(RecoveryError, OSError):
+            self.close(None)
+        if self._private is not None:
+            self._private.remove_made()
 
     def refuse_reuse(self) -> None:
         """A fresh run (no ``+resume=``) does not start over another run's snapshots.
@@ -100,9 +133,10 @@ class LocalTier:
         """
         if held := self.held():
             raise RunDirInUseError(
-                f"{self.dir}: holds local snapshots up to step {held[-1][0]} of a run in this "
-                "run directory. Pass +resume=latest to continue it, or delete that directory "
-                "for a new run.",
+                f"{self.dir}: holds local snapshots up to step {held[-1][0]} of an earlier run "
+                "in this run directory (a run directory deleted and made again included). "
+                "Delete that directory for a new run; pass +resume=latest only to continue "
+                "the run that wrote them.",
                 path=self.dir,
             )
 
@@ -127,6 +161,7 @@ class LocalTier:
             StorageError: they do not fit (one line, before the first step).
             VerificationError: the snapshot resumed from changed since it was read.
         """
+        self.check()
         for path in tiers.newer(self.held(), step):
             log.warning(
                 "removing local snapshot %s: newer than step %d the run starts at", path, step
@@ -134,9 +169,9 @@ class LocalTier:
             commit.discard(path)
         _, tensors = split(state.state_dict())
         nbytes = sum(t.numel() * t.element_size() for ts in tensors.values() for t in ts.values())
-        held = sum(_size(p) for _, p in self.held())
-        free = shutil.disk_usage(self.dir).free
-        tiers.check_room(self.dir, nbytes, free + held)
+        # a fresh run's optimizer state is not there yet: checked again after the first
+        # snapshot (:meth:`_recheck`); the staging buffers are another copy in RAM
+        available = self._check_room(nbytes, staging=nbytes if self._staging else 0)
         log.info(
             "local tier: %s, a snapshot every %d steps, about %.1f MiB each, at most %d held "
             "(%.1f MiB of %.1f MiB free)",
@@ -145,7 +180,7 @@ class LocalTier:
             nbytes / (1 << 20),
             tiers.HELD,
             tiers.HELD * nbytes / (1 << 20),
-            (free + held) / (1 << 20),
+            available / (1 << 20),
         )
         self.event(
             {
@@ -154,7 +189,7 @@ class LocalTier:
                 "every_steps": self.every,
                 "snapshot_bytes": nbytes,
                 "held_max": tiers.HELD,
-                "free_bytes": free + held,
+                "free_bytes": available,
             }
         )
         if resumed is not None and resumed.parent == self.dir:
@@ -167,7 +202,7 @@ class LocalTier:
                         f"{mf.root}, expected {root}); not promoting it. Requeue the run.",
                         path=resumed,
                     )
-                self.promote(_resumed_job(final, mf), resumed, mf, pause=0.0, waited=0.0)
+                self.promote(job_mod.resumed(final, mf), resumed, mf, pause=0.0, waited=0.0)
 
     def snapshot(self, job: SaveJob, state: TrainState, *, then: Then | None = None) -> float:
         """Snapshot ``job``'s step into the local directory; return the seconds the training
@@ -195,10 +230,12 @@ class LocalTier:
         )
         skipped, self.skipped = self.skipped, 0
         if self._staging is None or self._snapshots is None:
+            self._recheck()
             skeletons, tensors = split(state.state_dict())
             self._commit(local, skeletons, tensors, started, then)
             return time.perf_counter() - started
         self._snapshots.wait()  # the buffers are free once the previous write committed
+        self._recheck()
         staged = self._staging.stage(state.state_dict())
         pause = time.perf_counter() - started
 
@@ -222,6 +259,7 @@ class LocalTier:
         pause: float | None = None,
         skipped: int = 0,
     ) -> None:
+        self.check()
         mf = local.write(skeletons, tensors, signer=self.signer)
         for path in tiers.retire(self.held(), local.step, self._pinned):
             commit.discard(path)
@@ -264,6 +302,7 @@ class LocalTier:
         def run() -> Path:
             begun = time.perf_counter()
             try:
+                self.check()
                 persisted = promote.promote(
                     path, mf, job.final, signer=self.signer, recovery=recovery
                 )
@@ -293,8 +332,8 @@ class LocalTier:
 
     def close(self, persisted: int | None) -> float:
         """Wait for the promotion in flight and stop its thread; when the newest snapshot's
-        step is persistent (``persisted``: the newest persistent step), remove the local
-        directory. Returns the seconds waited.
+        step is persistent (``persisted``: the newest step committed in the persistent tier,
+        not merely submitted), remove the local directory. Returns the seconds waited.
 
         Raises:
             CommitError, StorageError, VerificationError: the last promotion failed (the
@@ -302,31 +341,48 @@ class LocalTier:
         """
         started = time.perf_counter()
         try:
-            if self._snapshots is not None:
-                self._snapshots.close()
+            try:
+                if self._snapshots is not None:
+                    self._snapshots.close()
+            finally:
+                self._writer.close()
+            # only a step that reached the persistent tier lets the snapshots go: after a
+            # failed promotion or snapshot write they can be the newest state's only copy
+            held = self.held()
+            if persisted is not None and (not held or held[-1][0] <= persisted):
+                self._remove()
         finally:
-            self._writer.close()
-        held = self.held()
-        if persisted is not None and (not held or held[-1][0] <= persisted):
-            shutil.rmtree(self.dir, ignore_errors=True)
-            with contextlib.suppress(OSError):  # the run's one above it, once no rank uses it
-                self.dir.parent.rmdir()
+            if self._private is not None:
+                self._private.close()
         return time.perf_counter() - started
 
+    def _remove(self) -> None:
+        try:
+            self.check()  # never delete through a directory swapped in since
+        except RecoveryError as err:
+            log.warning("not removing the local tier's directory: %s", err)
+            return
+        shutil.rmtree(self.dir, ignore_errors=True)
+        with contextlib.suppress(OSError):  # the run's one above it, once no rank uses it
+            self.dir.parent.rmdir()
 
-def _size(path: Path) -> int:
-    return sum(f.stat().st_size for f in path.rglob("*") if f.is_file() and not f.is_symlink())
+    def _check_room(self, nbytes: int, *, staging: int) -> int:
+        """Refuse (one line) when :data:`~recovery.run.tiers.HELD` snapshots of ``nbytes`` do
+        not fit (:func:`~recovery.run.tiers.available`); return the room there is."""
+        held = sum(tiers.size(p) for _, p in self.held())
+        free, ram = shutil.disk_usage(self.dir).free, tiers.ram_available(self.dir)
+        room = tiers.available(free, ram, held, staging)
+        tiers.check_room(self.dir, nbytes, room)
+        return room
 
+    def _recheck(self) -> None:
+        """Once a snapshot committed, the RAM check again with its real size (a fresh run's
+        optimizer state only exists after its first step), before another is written.
 
-def _resumed_job(final: Path, mf: Manifest) -> SaveJob:
-    """The save a resumed snapshot's promotion reports: that snapshot, at ``final``."""
-    return SaveJob(
-        final=final,
-        step=mf.step,
-        purpose=mf.purpose,
-        requires=tuple(mf.recovery.get("requires") or ()),
-        statement=dict(mf.recovery),
-        meta={},
-        config_yaml="",
-        hash_type=mf.hash_type,
-    )
+        Raises:
+            StorageError: it does not fit.
+        """
+        if self._rechecked or not self.snapshot_bytes:
+            return
+        self._rechecked = True
+        self._check_room(self.snapshot_bytes, staging=0)

@@ -28,7 +28,7 @@ from recovery.parallel import world as distributed
 from recovery.parallel.world import World
 from recovery.provenance import purpose
 from recovery.provenance.purpose import PurposeSpec
-from recovery.run import branches, resume, rundir, selfcheck
+from recovery.run import branches, resume, rundir, selfcheck, tiers
 from recovery.run import restore as begin
 from recovery.run.differential import Differential
 from recovery.run.journal import Journal
@@ -62,6 +62,7 @@ class Restoring:
     local: LocalTier | None
     """The local tier (:mod:`recovery.run.tiers`): ``latest`` looks there too."""
     last_saved: int | None
+    persisted: int | None
     preemption: PreemptionGuard | None
     _lock: RunLock | None
     _owned: tuple[bool, bool]
@@ -129,6 +130,8 @@ class Restoring:
                 )
             self._watch.started(step)
         except BaseException:
+            if self.local is not None:  # its promotion finished before the lock goes
+                self.local.abandon()
             self._release(tidy=True)  # refused: nothing left behind that this start made
             raise
         for caution in state.cautions:
@@ -218,6 +221,8 @@ class Restoring:
         )
         self.identity = ident
         self.last_saved = ident.step
+        if loaded.manifest.recovery.get("tier") != tiers.LOCAL:
+            self.persisted = ident.step  # a local snapshot is once its promotion commits
         self._event(begin.resume_event(loaded, ident, self.world.size, replaced=replaced))
         check = self.cfg.resume_check
         if check.enabled and ident.resharded:  # another world size reseeds: not the same run

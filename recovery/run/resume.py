@@ -285,6 +285,11 @@ def _latest(
             log.warning("RESUME FALLBACK: skipping %s, it failed verification: %s", path, err)
             skipped.append((path, str(err)))
             continue
+        if candidate.tier != tiers.LOCAL and loaded.manifest.recovery.get("tier") == tiers.LOCAL:
+            why = tiers.not_durable(path)
+            log.warning("RESUME FALLBACK: skipping %s", why)
+            skipped.append((path, why))
+            continue
         if history.foreign(past, loaded.manifest.recovery.get("run_id")):
             refused = _foreign(path, loaded, past)
             if strict:

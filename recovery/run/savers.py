@@ -47,6 +47,12 @@ class Cost:
     """``sync``, ``async`` or ``promoted`` (a local snapshot copied to the run directory:
     :mod:`recovery.run.tiers`)."""
 
+    @property
+    def planned_s(self) -> float:
+        """What ``checkpoint.interval=auto`` plans the persistent interval with: the pause,
+        but for a promotion (whose pause is its local snapshot's) the persistent write."""
+        return self.write_s if self.mode == "promoted" else self.pause_s
+
     def event(self, step: int, nbytes: int) -> dict[str, Any]:
         """The journal's ``checkpoint`` record."""
         return {

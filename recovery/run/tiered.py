@@ -12,7 +12,6 @@ class Tiered(Ending):
     checkpointer's base, which sets :attr:`local`)."""
 
     local: LocalTier | None
-    last_saved: int | None
 
     def flush(self) -> None:
         """Wait until the save or promotion in flight (if any) is committed, and the
@@ -21,13 +20,17 @@ class Tiered(Ending):
         Raises:
             CommitError: it failed.
         """
-        if self.local is not None:
-            self.pause_s += self.local.wait()
-        super().flush()
+        try:
+            if self.local is not None:
+                self.pause_s += self.local.wait()
+        finally:
+            super().flush()
 
     def close(self) -> None:
         """As :meth:`Ending.close`; with a local tier, first the promotion in flight is
-        finished and the local directory removed when the newest step is persistent.
+        finished and the local directory removed when the newest snapshot's step is one the
+        persistent tier committed (:attr:`~recovery.run.ending.Ending.persisted`; a step
+        whose promotion failed is not, whoever was told of the failure).
 
         Raises:
             CommitError: the last background save or promotion failed.
@@ -36,6 +39,6 @@ class Tiered(Ending):
             super().close()
             return
         try:
-            self.pause_s += self.local.close(self.last_saved)
+            self.pause_s += self.local.close(self.persisted)
         finally:
             super().close()

@@ -60,6 +60,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from recovery.errors import ConfigError, StorageError
+from recovery.integrity import private
 
 LOCAL = "local"
 PERSISTENT = "persistent"
@@ -69,10 +70,11 @@ one being written."""
 
 
 def local_dir(root: str | Path, run_dir: Path, rank: int) -> Path:
-    """This rank's local-tier directory for ``run_dir``: one per run directory and rank."""
+    """This rank's local-tier directory for ``run_dir``: one per run directory and rank
+    (``root``'s ``{uid}`` and ``~`` expanded: :func:`recovery.integrity.private.expand`)."""
     resolved = Path(run_dir).resolve()
     tag = hashlib.sha256(str(resolved).encode()).hexdigest()[:12]
-    return Path(root).expanduser() / f"{resolved.name}-{tag}" / f"rank{rank}"
+    return private.expand(root) / f"{resolved.name}-{tag}" / f"rank{rank}"
 
 
 @dataclass(frozen=True)
@@ -94,6 +96,15 @@ def order(
     return sorted(found, key=lambda c: (-c.step, c.tier != LOCAL))
 
 
+def not_durable(path: Path) -> str:
+    """Why a local snapshot found outside its local directory is passed over (a resume,
+    retention, DVC): it is not a persistent checkpoint, whatever its name."""
+    return (
+        f"{path}: is a local-tier snapshot (its signed statement says tier: local), not a "
+        "persistent checkpoint; it is never counted as one. Move it out of the run directory"
+    )
+
+
 def retire(held: Sequence[tuple[int, Path]], newest: int, pinned: Collection[int]) -> list[Path]:
     """The local snapshots to delete once step ``newest`` committed: every other one, except
     those ``pinned`` (a promotion is copying them)."""
@@ -113,6 +124,58 @@ def room(snapshot_bytes: int, available: int) -> str | None:
     if need <= available:
         return None
     return f"needs {_mb(need)} ({HELD} snapshots of {_mb(snapshot_bytes)}), {_mb(available)} free"
+
+
+RAM_FILESYSTEMS = frozenset({"tmpfs", "ramfs"})
+"""Filesystems whose files are held in memory: a root there is bounded by RAM too."""
+
+
+def available(free: int, ram: int | None, held: int, staging: int) -> int:
+    """The room for the local tier's snapshots: the root's ``free`` bytes plus the ``held``
+    snapshots' (they are replaced); for a root in RAM (``ram``: the memory available, else
+    ``None``) at most that plus ``held``, less the ``staging`` buffers still to be allocated
+    (``checkpoint.async``: one more copy of the state, in host memory)."""
+    room = free + held
+    return room if ram is None else max(0, min(room, ram + held - staging))
+
+
+def mounted_type(path: Path, mounts: str) -> str | None:
+    """The filesystem type of the mount holding ``path`` (absolute, resolved), from the text
+    of ``/proc/mounts`` (the innermost mount point, the last one mounted there)."""
+    best, kind = "", None
+    for line in mounts.splitlines():
+        fields = line.split()
+        if len(fields) < 3:
+            continue
+        point = fields[1].replace("\\040", " ")
+        inside = str(path) == point or str(path).startswith(point.rstrip("/") + "/")
+        if inside and len(point) >= len(best):
+            best, kind = point, fields[2]
+    return kind
+
+
+def mem_available(meminfo: str) -> int | None:
+    """``MemAvailable`` in bytes, from the text of ``/proc/meminfo`` (``None``: absent)."""
+    for line in meminfo.splitlines():
+        name, _, value = line.partition(":")
+        if name == "MemAvailable" and value.split():
+            return int(value.split()[0]) * 1024
+    return None
+
+
+def ram_available(path: Path) -> int | None:
+    """The memory available (``/proc/meminfo``) when ``path`` is on a filesystem held in RAM
+    (:data:`RAM_FILESYSTEMS`), else ``None`` (or where ``/proc`` cannot tell)."""
+    try:
+        kind = mounted_type(path.resolve(), Path("/proc/mounts").read_text())
+        return mem_available(Path("/proc/meminfo").read_text()) if kind in RAM_FILESYSTEMS else None
+    except OSError:
+        return None
+
+
+def size(path: Path) -> int:
+    """The bytes of the files under ``path`` (a snapshot directory)."""
+    return sum(f.stat().st_size for f in path.rglob("*") if f.is_file() and not f.is_symlink())
 
 
 def check_room(where: Path, snapshot_bytes: int, available: int) -> None:

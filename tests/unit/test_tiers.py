@@ -7,14 +7,14 @@ from pathlib import Path
 import pytest
 import torch
 
-from recovery.config import CheckpointConfig, LocalConfig
+from recovery.config import LocalConfig
 from recovery.errors import ConfigError, RunDirInUseError, StorageError
 from recovery.format.layout import scan, step_dir_name
 from recovery.run import localtier, resume, tiers
-from recovery.run.checkpointer import Checkpointer
-from recovery.run.journal import Journal, read
-from recovery.run.tiers import LOCAL, PERSISTENT, Candidate
+from recovery.run.journal import read
+from recovery.run.tiers import LOCAL, PERSISTENT
 from tests.conftest import tiny_state, train_steps
+from tests.unit.tiered import checkpointer, crash_at
 
 P, L = Path("/p"), Path("/l")
 
@@ -35,7 +35,6 @@ def test_latest_tries_the_newest_step_first_and_local_first_at_a_step(persistent
     assert [(c.step, c.tier) for c in got] == expected
     assert all(c.path == (L if c.tier == LOCAL else P) / str(c.step) for c in got)
     assert got == sorted(got, key=lambda c: -c.step)
-    assert isinstance(got[0] if got else Candidate(0, LOCAL, L), Candidate)
 
 
 @pytest.mark.parametrize(
@@ -126,40 +125,6 @@ def test_refused_with_what_it_does_not_support_yet():
         LocalConfig(every_steps=-1)
 
 
-def checkpointer(tmp_path, signer, trust, prov, *, final=8, async_save=False) -> Checkpointer:
-    local = LocalConfig(every_steps=2, root=str(tmp_path / "shm"))
-    cfg = CheckpointConfig(
-        root=str(tmp_path), every_steps=6, keep_last=2, local=local, async_save=async_save
-    )
-    return Checkpointer(
-        cfg,
-        tmp_path / "run",
-        final_step=final,
-        journal=Journal(tmp_path / "run" / "metrics.jsonl"),
-        signer=signer,
-        trust=trust,
-        provenance=prov,
-        config={"seed": 0},
-    )
-
-
-def crash_at(
-    tmp_path, signer, trust, prov, steps: int, *, async_save: bool = False
-) -> tuple[Checkpointer, list]:
-    """Train ``steps`` of a 12-step run and stop there, the process left as a crash leaves
-    it, but for the lock (closed): local snapshots up to ``steps``, persistent 6."""
-    state = tiny_state()
-    ck = checkpointer(tmp_path, signer, trust, prov, final=12, async_save=async_save)
-    start = ck.restore(state, "latest")
-    for step in range(start + 1, steps + 1):
-        train_steps(state, 1)
-        if step == steps:  # step 6's promotion done: the last snapshot retires its copy
-            ck.flush()
-        ck.maybe_save(state, step)
-    ck.close()  # the newest step (local) is newer than the newest persistent: kept
-    return ck, [t.clone() for t in state.components["model"].parameters()]
-
-
 @pytest.mark.parametrize("async_save", [False, True], ids=["sync", "async"])
 def test_latest_resumes_the_newer_local_snapshot_and_promotes_it(
     tmp_path, signer, trust, prov, async_save
@@ -179,6 +144,8 @@ def test_latest_resumes_the_newer_local_snapshot_and_promotes_it(
     assert [(r["step"], r["mode"], r["promoted_from"]) for r in promoted] == [
         (6, "promoted", "local")
     ]
+    # interval=auto plans the persistent tier with the promotion's write, not the snapshot's pause
+    assert ck.cadence.costs == [promoted[0]["write_s"]] != [promoted[0]["pause_s"]]
     # the persistent copy holds the snapshot's files: the same root digest, signed again
     six = resume.load(ck.run_dir / step_dir_name(6), trust)
     assert six.manifest.recovery.get("promoted") is True and "tier" not in six.manifest.recovery
