@@ -39,6 +39,9 @@ class Tiered(Ending):
             super().close()
             return
         try:
-            self.pause_s += self.local.close(self.persisted)
+            try:  # first: the step the promotion in flight commits is persisted then
+                self.pause_s += self.local.wait()
+            finally:
+                self.pause_s += self.local.close(self.persisted)
         finally:
             super().close()

@@ -27,11 +27,14 @@ ROOT = Path(__file__).resolve().parents[2]
 LOOP = ROOT / "tests" / "fixtures" / "own_loop.py"
 
 
-def tiered(root: Path, signer, *, pause_at: str | None = None) -> tuple[int, str]:
+def tiered(
+    root: Path, signer, *, pause_at: str | None = None, async_save: bool = False
+) -> tuple[int, str]:
     """Run the loop in ``root`` (run dir ``root/run``, local tier under ``root/shm``)."""
     env = {**os.environ, KEY_ENV: str(signer.path)}
     cmd = [sys.executable, str(LOOP), "--run-dir", str(root / "run"), "--steps", "12"]
     cmd += ["--every", "6", "--local-every", "2", "--local-root", str(root / "shm")]
+    cmd += ["--async"] if async_save else []
     return run_killed_at(cmd, env=env, cwd=root, pause_at=pause_at)
 
 
@@ -50,22 +53,26 @@ def state_of(run_dir: Path, trust) -> dict[str, torch.Tensor]:
 
 
 @pytest.mark.parametrize(
-    ("kill_at", "resumed"),
+    ("kill_at", "resumed", "async_save"),
     [
-        ("step-9", 8),  # a process crash between snapshots: the newest local one
-        ("local-write-8", 6),  # snapshot 8 half written: 6 (local, then persistent)
-        ("local-before-manifest-8", 6),
-        ("local-before-rename-8", 6),
-        ("promote-write-6", None),  # promotion of 6 killed: training went on meanwhile
-        ("promote-before-manifest-6", None),
-        ("promote-before-rename-6", None),
-        ("promote-before-rename-12", 12),  # the last step, local only: resumed and promoted
+        ("step-9", 8, False),  # a process crash between snapshots: the newest local one
+        ("local-write-8", 6, False),  # snapshot 8 half written: 6 (local, then persistent)
+        ("local-before-manifest-8", 6, False),
+        ("local-before-rename-8", 6, False),
+        ("promote-write-6", None, False),  # promotion of 6 killed: training went on meanwhile
+        ("promote-before-manifest-6", None, False),
+        ("promote-before-rename-6", None, False),
+        ("promote-before-rename-12", 12, False),  # the last step, local only: resumed, promoted
+        # checkpoint.async: the last snapshot (to be promoted, so never skipped) killed on its
+        # writing thread; whichever earlier one was not skipped is resumed (the same losses
+        # and state as the synchronous reference: saving never changes what is trained)
+        ("local-before-rename-12", None, True),
     ],
 )
 def test_sigkill_in_every_phase_of_both_tiers_resumes_the_newest_verified_step_exactly(
-    tmp_path, signer, trust, uninterrupted, kill_at, resumed
+    tmp_path, signer, trust, uninterrupted, kill_at, resumed, async_save
 ):
-    code, out = tiered(tmp_path, signer, pause_at=kill_at)
+    code, out = tiered(tmp_path, signer, pause_at=kill_at, async_save=async_save)
     assert code == -9, out
     run_dir, local = tmp_path / "run", next((tmp_path / "shm").glob("*/rank0"))
     newest_local = scan(local).committed[-1][0]
@@ -75,7 +82,7 @@ def test_sigkill_in_every_phase_of_both_tiers_resumes_the_newest_verified_step_e
         assert any(p.name.startswith(step_dir_name(step)) for p in scan(run_dir).stale)
     if resumed is None:  # whatever the training thread reached before the kill
         resumed = newest_local
-    code, out = tiered(tmp_path, signer)
+    code, out = tiered(tmp_path, signer, async_save=async_save)
     assert code == 0, out
     events = read(run_dir / "metrics.jsonl")
     (event,) = [r for r in events if r.get("event") == "resume"]
