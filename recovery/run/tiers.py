@@ -3,11 +3,14 @@
 Design (issue 30):
 
 - **Where the local tier lives.** ``<checkpoint.local.root>/<run name>-<12 hex of
-  sha256(run dir path)>/rank<r>/`` (default root ``/dev/shm/recovery``: RAM), a
-  directory laid out like a run directory (``step-N/``, temp names while
-  writing), derived from the run directory's path and not from the run id, so
-  a restarted process finds it before it knows which run it resumes. The run
-  directory's lock (one writer per run) guards it too. Created mode 0700.
+  sha256(run dir path)>/rank<r>/`` (default root ``/dev/shm/recovery-{uid}``: RAM,
+  one root per user), a directory laid out like a run directory (``step-N/``,
+  temp names while writing), derived from the run directory's path and not from
+  the run id, so a restarted process finds it before it knows which run it
+  resumes. The run directory's lock keeps a second writer of the run out; other
+  users of a shared ``/dev/shm`` are kept out by :mod:`recovery.integrity.private`
+  (every directory from the root down this user's, 0700, no link, held open and
+  re-checked before each write and before it is removed).
 - **What a snapshot is.** A continuation checkpoint in every respect: the same
   :class:`~recovery.run.job.SaveJob` as a persistent save of that step, written by
   the same commit protocol (temp directory, hash while writing, fsync, signed
@@ -35,12 +38,18 @@ Design (issue 30):
   (:func:`retire`), except the one a promotion in flight is copying; so at most
   :data:`HELD` snapshots exist at once (promoting, newest, being written). A
   resume discards local snapshots newer than the step it resumed (another branch).
-  Persistent: as before (``keep_last``...). When the run ends with its newest
-  step persistent, the local directory is removed.
+  Persistent: as before (``keep_last``...); a snapshot found in the run directory
+  (its statement says ``tier: local``) is neither counted nor deleted, nor resumed
+  by ``latest``, nor pushed to DVC (:func:`not_durable`). When the run ends with its
+  newest snapshot's step committed in the persistent tier (not merely submitted:
+  a failed promotion keeps its snapshot), the local directory is removed.
 - **RAM budget.** At start-up the snapshot's size (the state's tensor bytes now)
-  times :data:`HELD` must fit the local root's free space (``shutil.disk_usage``;
-  for tmpfs the mount's limit), else a one-line :class:`~recovery.errors.StorageError`
-  before the first step; what it reserves is logged and journaled (``local_tier``).
+  times :data:`HELD` must fit the room there is (:func:`available`: the root's free
+  space, for a root in RAM at most the memory available less ``checkpoint.async``'s
+  staging copy), else a one-line :class:`~recovery.errors.StorageError` before the
+  first step; what it reserves is logged and journaled (``local_tier``). A fresh
+  run's optimizer state only exists after its first step, so the check runs again
+  with the first committed snapshot's real size, before a second is written.
 - **Pause.** Synchronous: the snapshot's whole write into RAM. With
   ``checkpoint.async``: the copy into reused host buffers; the write runs on a
   background thread, and a snapshot due while the previous one is still written

@@ -223,7 +223,8 @@ def test_ls_and_audit_show_the_local_snapshots_and_the_resume_s_tier(
     for step in range(9, 13):
         train_steps(state, 1)
         again.maybe_save(state, step)
-    again.close()
+    again.close()  # after step 12's promotion committed: the local directory goes
+    assert not again.local.dir.exists()
     assert cli.main(argv) == 0
     text = capsys.readouterr().out
     assert "resumed at step 8 from step-00000008 (local tier)" in text
