@@ -149,13 +149,18 @@ class LocalTier:
         root: str | None,
         trust: TrustStore,
         allow_untrusted: bool,
-    ) -> None:
+    ) -> bool:
         """At the run's first step ``step``: discard snapshots of another branch, check
         that :data:`~recovery.run.tiers.HELD` snapshots fit, and say what they reserve.
         Then a run ``resumed`` from a local snapshot promotes it in the background (unless its
         step is in the run directory already): the state it recovered becomes durable, and
         a run resumed at its last step still ends with that step persistent. ``root``: the
         digest the resume verified, which the snapshot must still have.
+
+        Returns:
+            Whether the snapshot resumed from is persistent already: the run directory holds
+            its step, signed, with the same root digest (its promotion committed before the
+            process died).
 
         Raises:
             StorageError: they do not fit (one line, before the first step).
@@ -171,7 +176,8 @@ class LocalTier:
         nbytes = sum(t.numel() * t.element_size() for ts in tensors.values() for t in ts.values())
         # a fresh run's optimizer state is not there yet: checked again after the first
         # snapshot (:meth:`_recheck`); the staging buffers are another copy in RAM
-        available = self._check_room(nbytes, staging=nbytes if self._staging else 0)
+        held = [p for _, p in self.held()]
+        available = tiers.fit(self.dir, nbytes, held, staging=nbytes if self._staging else 0)
         log.info(
             "local tier: %s, a snapshot every %d steps, about %.1f MiB each, at most %d held "
             "(%.1f MiB of %.1f MiB free)",
@@ -192,17 +198,24 @@ class LocalTier:
                 "free_bytes": available,
             }
         )
-        if resumed is not None and resumed.parent == self.dir:
-            final = self.run_dir / step_dir_name(step)
-            if not final.exists():
-                mf = listed.read_manifest(resumed, trust, allow_untrusted=allow_untrusted)
-                if mf.root != root:
-                    raise SignatureError(
-                        f"{resumed}: its manifest changed since the resume verified it (root "
-                        f"{mf.root}, expected {root}); not promoting it. Requeue the run.",
-                        path=resumed,
-                    )
-                self.promote(job_mod.resumed(final, mf), resumed, mf, pause=0.0, waited=0.0)
+        if resumed is None or resumed.parent != self.dir:
+            return False
+        final = self.run_dir / step_dir_name(step)
+        if final.exists():
+            with contextlib.suppress(RecoveryError):
+                return (
+                    listed.read_manifest(final, trust, allow_untrusted=allow_untrusted).root == root
+                )
+            return False
+        mf = listed.read_manifest(resumed, trust, allow_untrusted=allow_untrusted)
+        if mf.root != root:
+            raise SignatureError(
+                f"{resumed}: its manifest changed since the resume verified it (root "
+                f"{mf.root}, expected {root}); not promoting it. Requeue the run.",
+                path=resumed,
+            )
+        self.promote(job_mod.resumed(final, mf), resumed, mf, pause=0.0, waited=0.0)
+        return False
 
     def snapshot(self, job: SaveJob, state: TrainState, *, then: Then | None = None) -> float:
         """Snapshot ``job``'s step into the local directory; return the seconds the training
@@ -366,15 +379,6 @@ class LocalTier:
         with contextlib.suppress(OSError):  # the run's one above it, once no rank uses it
             self.dir.parent.rmdir()
 
-    def _check_room(self, nbytes: int, *, staging: int) -> int:
-        """Refuse (one line) when :data:`~recovery.run.tiers.HELD` snapshots of ``nbytes`` do
-        not fit (:func:`~recovery.run.tiers.available`); return the room there is."""
-        held = sum(tiers.size(p) for _, p in self.held())
-        free, ram = shutil.disk_usage(self.dir).free, tiers.ram_available(self.dir)
-        room = tiers.available(free, ram, held, staging)
-        tiers.check_room(self.dir, nbytes, room)
-        return room
-
     def _recheck(self) -> None:
         """Once a snapshot committed, the RAM check again with its real size (a fresh run's
         optimizer state only exists after its first step), before another is written.
@@ -385,4 +389,4 @@ class LocalTier:
         if self._rechecked or not self.snapshot_bytes:
             return
         self._rechecked = True
-        self._check_room(self.snapshot_bytes, staging=0)
+        tiers.fit(self.dir, self.snapshot_bytes, [p for _, p in self.held()], staging=0)

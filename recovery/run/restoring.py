@@ -120,7 +120,7 @@ class Restoring:
                 self.local.prepare()
             step = self._restore(state, resume_spec, init_from)
             if self.local is not None:  # the RAM it needs fits, or one line before step 1
-                self.local.start(
+                persistent = self.local.start(
                     state,
                     step,
                     resumed=self.resumed_from,
@@ -128,6 +128,8 @@ class Restoring:
                     trust=self.trust,
                     allow_untrusted=self.allow_untrusted,
                 )
+                if persistent:  # its promotion had committed before the process died
+                    self.persisted = step
             self._watch.started(step)
         except BaseException:
             if self.local is not None:  # its promotion finished before the lock goes

@@ -64,6 +64,7 @@ Design (issue 30):
 from __future__ import annotations
 
 import hashlib
+import shutil
 from collections.abc import Collection, Sequence
 from dataclasses import dataclass
 from pathlib import Path
@@ -185,6 +186,20 @@ def ram_available(path: Path) -> int | None:
 def size(path: Path) -> int:
     """The bytes of the files under ``path`` (a snapshot directory)."""
     return sum(f.stat().st_size for f in path.rglob("*") if f.is_file() and not f.is_symlink())
+
+
+def fit(where: Path, snapshot_bytes: int, held: Sequence[Path], *, staging: int) -> int:
+    """Refuse (:func:`check_room`) when :data:`HELD` snapshots of ``snapshot_bytes`` do not
+    fit the room at ``where`` (:func:`available`, the snapshots ``held`` there counted as
+    free); return that room.
+
+    Raises:
+        StorageError: they do not fit.
+    """
+    free, ram = shutil.disk_usage(where).free, ram_available(where)
+    room = available(free, ram, sum(size(p) for p in held), staging)
+    check_room(where, snapshot_bytes, room)
+    return room
 
 
 def check_room(where: Path, snapshot_bytes: int, available: int) -> None:

@@ -258,3 +258,21 @@ def test_a_local_snapshot_copied_into_the_run_directory_is_never_a_persistent_ch
     assert copy.is_dir() and tracking.local_snapshot(copy)
     assert not tracking.local_snapshot(ck.run_dir / step_dir_name(6))
     again.close()
+
+
+def test_a_resumed_snapshot_whose_promotion_had_committed_counts_as_persistent(
+    tmp_path, signer, trust, prov
+):
+    """Killed between a promotion's commit and the close that removes the snapshots: the
+    run resumed from that snapshot (RAM first) ends with its local directory removed."""
+    ck, _ = crash_at(tmp_path, signer, trust, prov, 8)
+    kept = shutil.copytree(ck.local.dir.parent, tmp_path / "kept")
+    again = checkpointer(tmp_path, signer, trust, prov, final=12)
+    assert again.restore(tiny_state(), "latest") == 8
+    again.close()  # step 8 promoted, then the local directory removed
+    assert [s for s, _ in scan(ck.run_dir).committed] == [6, 8]
+    shutil.copytree(kept, ck.local.dir.parent)  # as if the process died before the removal
+    third = checkpointer(tmp_path, signer, trust, prov, final=12)
+    assert third.restore(tiny_state(), "latest") == 8
+    third.close()
+    assert not third.local.dir.exists()
