@@ -88,10 +88,11 @@ def promote(
         # recognised by its inode before each file and by the commit (which takes it): a
         # name swapped for a link or another directory while the copy runs is refused
         made = nofollow.Made.register(tmp)
+        for rec in mf.files:
+            (tmp / rec.name).parent.mkdir(parents=True, exist_ok=True)
 
         def one(i: int, rec: FileRecord) -> None:
             made.check()
-            (tmp / rec.name).parent.mkdir(parents=True, exist_ok=True)
             point = f"promote-write-{step}" if i == 0 else None
             copy_verified(
                 source / rec.name, tmp / rec.name, rec, algorithm=mf.hash_type, point=point

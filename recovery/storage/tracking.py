@@ -40,7 +40,7 @@ from recovery import faults
 from recovery.errors import ConfigError, RecoveryError, TrackingError
 from recovery.format import bounded
 from recovery.format.layout import parse_step
-from recovery.integrity import nofollow, reader, reaping
+from recovery.integrity import listed, nofollow, reaping
 from recovery.integrity.signing import TrustStore
 
 log = logging.getLogger(__name__)
@@ -383,7 +383,7 @@ def local_snapshot(ckpt: Path) -> bool:
     into a run directory: never registered or pushed as a checkpoint. The statement is read,
     not verified: a forged ``local`` only keeps a checkpoint from DVC."""
     try:
-        mf = reader.read_manifest(ckpt, TrustStore(), allow_untrusted=True)
+        mf = listed.read_manifest(ckpt, TrustStore(), allow_untrusted=True)
     except RecoveryError:
         return False
     return mf.recovery.get("tier") == "local"
