@@ -6,7 +6,7 @@ STAMP := $(VENV)/.installed
 # one pytest worker more than the cores: the tests wait on their processes part of the time
 PYTEST_JOBS ?= -n $(shell echo $$(( $$(nproc) + 1 ))) --dist worksteal
 
-.PHONY: demo test test-fast lint docs install clean bench bench-dist bench-diff
+.PHONY: demo test test-fast lint docs install clean bench bench-dist bench-diff bench-tiers
 
 $(BIN)/python:
 	$(PY) -m venv $(VENV)
@@ -78,3 +78,7 @@ bench-diff: $(STAMP)
 	$(BIN)/python benchmarks/bench_differential.py --json .bench-diff.json
 	$(BIN)/python benchmarks/bench_differential.py --users 2000000 --items 500000 --intervals 50,100 --json .bench-diff-large.json
 	$(BIN)/python benchmarks/bench_differential.py --dvc --intervals 50 --steps 500 --runs 1 --json .bench-diff-dvc.json
+
+# Failures injected into one run, one tier against two (SIGKILL at random steps, own-loop subprocesses).
+bench-tiers: $(STAMP)
+	$(BIN)/python benchmarks/bench_tiers.py --size-mb 1024 --steps 400 --step-ms 200 --kills 4 --every 100 --local-every 10 --async --json .bench-tiers.json

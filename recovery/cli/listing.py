@@ -15,6 +15,7 @@ from typing import Any
 import yaml
 
 from recovery import errors
+from recovery.cli import tierrows
 from recovery.cli.codes import EXIT_CODES, exit_code
 from recovery.cli.common import (
     add_trust_flags,
@@ -83,6 +84,7 @@ def ls_row(path: Path, args: argparse.Namespace, trust: Any) -> dict[str, Any]:
     delta = loaded.delta
     summary = f"ok, delta of {delta['base']}" if delta is not None else "ok"
     row.update(purpose=loaded.manifest.purpose, verified=True, status="ok", summary=summary)
+    row["tier"] = loaded.manifest.recovery.get("tier", tierrows.PERSISTENT)  # signed
     row["base"] = delta["base"] if delta is not None else None
     row.update(size=sum(r.size for r in loaded.manifest.files), loss=metrics.get("loss"))
     row["signer"] = checked.signer(loaded.manifest)
@@ -209,6 +211,7 @@ def cmd_ls(args: argparse.Namespace) -> int:
         for step, path in sorted(tracked.items())
         if step not in on_disk
     ]
+    rows += tierrows.local_rows(run_dir, args, trust, ls_row) if one is None else []
     failed = [row.pop("exception") for row in rows if "exception" in row]
     head = ["step", "name", "purpose", "size", "verified", "signer", "dvc", "status"]
     table = [head] + [

@@ -6,7 +6,7 @@ import argparse
 from typing import Any
 
 from recovery.cli.common import duration, durations, emit
-from recovery.run import policy
+from recovery.run import policy, tiers
 
 
 def cmd_plan(args: argparse.Namespace) -> int:
@@ -34,10 +34,39 @@ def cmd_plan(args: argparse.Namespace) -> int:
             f"{_dur(r['checkpoint_cost_per_day_s']):>13}  {_dur(r['failure_loss_per_day_s']):>16}  "
             f"{_dur(r['total_per_day_s']):>10}{mark}"
         )
-    emit(
-        args, {"cost_s": cost, "mtbf_s": mtbf, "young_daly_s": best, "rows": rows}, "\n".join(lines)
-    )
+    doc: dict[str, Any] = {"cost_s": cost, "mtbf_s": mtbf, "young_daly_s": best, "rows": rows}
+    if args.local_cost is not None:
+        doc["tiers"] = two = tiers.plan(cost, args.local_cost, mtbf, args.host_loss)
+        lines += _tiers(two, args.local_cost, args.host_loss)
+    emit(args, doc, "\n".join(lines))
     return 0
+
+
+def _tiers(two: dict[str, float], local_cost: float, host_loss: float) -> list[str]:
+    """The one-tier against two-tier lines (:func:`recovery.run.tiers.plan`)."""
+    rows = [
+        ("interval", "one_tier_interval_s", None),
+        ("lost/failure", "one_tier_loss_per_failure_s", "two_tier_loss_per_failure_s"),
+        (
+            "ckpt cost/day",
+            "one_tier_checkpoint_cost_per_day_s",
+            "two_tier_checkpoint_cost_per_day_s",
+        ),
+        ("total/day", "one_tier_total_per_day_s", "two_tier_total_per_day_s"),
+    ]
+    both = f"local {_dur(two['local_interval_s'])}, persistent {_dur(two['persistent_interval_s'])}"
+    lines = [
+        "",
+        f"two tiers (checkpoint.local): a snapshot costs {_dur(local_cost)}; "
+        f"{host_loss:.0%} of failures lose the node (--host-loss) and resume from the "
+        "persistent tier, the others from RAM; Young/Daly per tier",
+        f"{'':>14}  {'one tier':>10}  two tiers",
+    ]
+    for label, one, other in rows:
+        right = both if other is None else _dur(two[other])
+        lines.append(f"{label:>14}  {_dur(two[one]):>10}  {right}")
+    lines.append(f"{two['fewer_lost']:.3g}x less work lost per failure with two tiers")
+    return lines
 
 
 def _dur(seconds: float) -> str:
@@ -71,4 +100,30 @@ def register(sub: Any) -> None:
         action="store_true",
         help="saves are asynchronous (checkpoint.async=true): one failure may lose two intervals",
     )
+    p.add_argument(
+        "--local-cost",
+        type=duration,
+        help="cost of one local-tier snapshot (checkpoint.local), e.g. 2s: also compare one "
+        "tier with two",
+    )
+    p.add_argument(
+        "--host-loss",
+        type=_share,
+        default=0.1,
+        help="with --local-cost: the share of failures that lose the node and its RAM "
+        "(default 0.1, an assumption: measure yours)",
+    )
     p.set_defaults(func=cmd_plan)
+
+
+def _share(text: str) -> float:
+    """``--host-loss``: a share strictly between 0 and 1, for argparse's ``type=``."""
+    try:
+        value = float(text)
+    except ValueError:
+        value = -1.0
+    if not 0.0 < value < 1.0:
+        raise argparse.ArgumentTypeError(
+            f"expected a share between 0 and 1 (e.g. 0.1), got {text!r}"
+        )
+    return value

@@ -147,7 +147,8 @@ def audit_text(report: audit.Report) -> str:
 
     marks = {audit.OK: "[ok]    ", audit.PRUNED: "[pruned]", audit.FAILED: "[FAILED]"}
     for i, link in enumerate(report.links):
-        arrow = "" if i == 0 else f"<- {link.relation}: "
+        tier = " (from the local tier)" if link.tier else ""
+        arrow = "" if i == 0 else f"<- {link.relation}{tier}: "
         parts = [f"{marks[link.status]} {arrow}{link.name}", f"step {link.step}"]
         if link.purpose:
             parts.append(link.purpose)

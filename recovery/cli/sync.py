@@ -27,8 +27,11 @@ def cmd_sync(args: argparse.Namespace) -> int:
     todo = [
         path
         for _, path in scan(run_dir).committed
-        if not state.get(path.name, tracking.Status()).registered
-        or (args.push and not state.get(path.name, tracking.Status()).pushed)
+        if (
+            not state.get(path.name, tracking.Status()).registered
+            or (args.push and not state.get(path.name, tracking.Status()).pushed)
+        )
+        and not tracking.local_snapshot(path)  # a local-tier snapshot is never pushed
     ]
     if todo:
         doing = "registering and pushing" if args.push else "registering"

@@ -17,6 +17,7 @@ from recovery.config.checkpoint import (
     CheckpointConfig,
     DifferentialConfig,
     DvcConfig,
+    LocalConfig,
     ResumeCheckConfig,
 )
 from recovery.config.checks import (
@@ -51,6 +52,7 @@ __all__ = [
     "DrillConfig",
     "DvcConfig",
     "HealthConfig",
+    "LocalConfig",
     "ResumeCheckConfig",
     "RunConfig",
     "SigningConfig",

@@ -61,6 +61,34 @@ class DifferentialConfig:
         return int(self.min_mb * (1 << 20))
 
 
+@dataclass(kw_only=True)
+class LocalConfig:
+    """``checkpoint.local``: the local tier, snapshots in node-local RAM between the
+    persistent checkpoints (:mod:`recovery.run.tiers`)."""
+
+    every_steps: int = 0
+    """Snapshot into ``root`` every this many optimizer steps; 0: no local tier. Every
+    persistent checkpoint is then a promoted local snapshot (no second pause)."""
+    root: str = "/dev/shm/recovery-{uid}"
+    """The node-local directory (RAM by default; ``{uid}``: the user's id, so that each user
+    has a root of their own); each run directory gets its own
+    ``<root>/<run name>-<digest of its path>/rank<r>/``, every directory this user's, mode 0700."""
+
+    def __post_init__(self) -> None:
+        at_least("checkpoint.local.every_steps", self.every_steps, 0, 10, " (0: no local tier)")
+        if not str(self.root).strip():
+            raise refuse(
+                "checkpoint.local.root",
+                "must be a directory path, got an empty string",
+                "/dev/shm/recovery-{uid}",
+            )
+
+    @property
+    def enabled(self) -> bool:
+        """Whether the run keeps a local tier."""
+        return self.every_steps > 0
+
+
 # fmt: off
 TIMING_KEYS = ("time", "dt", "elapsed", "wall", "wall_s", "step_time", "duration", "mfu",
                "throughput", "tokens_per_s", "samples_per_s", "it_per_s", "mem", "memory")
@@ -155,6 +183,8 @@ class CheckpointConfig:
     """Differential checkpoints (deltas of a full base)."""
     resume_check: ResumeCheckConfig = field(default_factory=ResumeCheckConfig)
     """The self-check of every resume: redone steps against the dead run's record."""
+    local: LocalConfig = field(default_factory=LocalConfig)
+    """The local tier (RAM snapshots every ``local.every_steps``; off by default)."""
 
     ALIASES: ClassVar[dict[str, str]] = {"async": "async_save"}
 

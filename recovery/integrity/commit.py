@@ -101,6 +101,7 @@ def _write_all(
     algorithm: str,
     progress: Callable[[int], None],
     made: nofollow.Made,
+    faults_as: str = "commit",
 ) -> list[FileRecord]:
     """Write ``files`` into ``tmp`` on a pool of threads, largest first; their records in
     the given order. Every write finishes (or fails) before this returns or raises.
@@ -114,7 +115,7 @@ def _write_all(
     def one(i: int, name: str, data: bytes | Mapping[str, torch.Tensor]) -> FileRecord:
         made.check()  # each file is created O_EXCL: never through a link in its own name
         (tmp / name).parent.mkdir(parents=True, exist_ok=True)
-        point = f"commit-write-{step}" if i == 0 else None
+        point = f"{faults_as}-write-{step}" if i == 0 else None
         rec = write_entry(tmp / name, data, fault_point=point, progress=tick, algorithm=algorithm)
         return FileRecord(name, rec.digest, rec.size)
 
@@ -138,6 +139,7 @@ def commit(
     tmp: Path | None = None,
     adopt: Sequence[str | FileRecord] = (),
     hash_type: str = digests.SHA256,
+    faults_as: str = "commit",
 ) -> Manifest:
     """Write ``files`` and their signed manifest, then atomically publish them as ``final``.
 
@@ -155,6 +157,8 @@ def commit(
             manifest with ``files``: a name is hashed here; a record is taken
             as its writer hashed it (with ``hash_type``).
         hash_type: every file's digest algorithm (:data:`recovery.format.digests.ALGORITHMS`).
+        faults_as: the prefix of its :mod:`recovery.faults` points (``commit-write-N``...):
+            ``local`` and ``promote`` for the tiers' commits of the same step.
 
     Returns:
         The manifest that was committed.
@@ -183,11 +187,17 @@ def commit(
         total = sum(tensorfile.size_of(d) for d in files.values() if not isinstance(d, bytes))
         with bytes_bar(total, f"saving {final.name}") as progress:
             records += _write_all(
-                tmp, files, step=step, algorithm=hash_type, progress=progress, made=made
+                tmp,
+                files,
+                step=step,
+                algorithm=hash_type,
+                progress=progress,
+                made=made,
+                faults_as=faults_as,
             )
         for sub in sorted((p for p in tmp.rglob("*") if p.is_dir()), reverse=True):
             fsync_dir(sub)  # entries in dcp/, ranks/ (their files were fsynced by their writers)
-        faults.reach(f"commit-before-manifest-{step}")
+        faults.reach(f"{faults_as}-before-manifest-{step}")
         statement = manifest.build(
             final.name, records, {**recovery, "signer": signer.describe()}, hash_type=hash_type
         )
@@ -195,7 +205,7 @@ def commit(
         made.check()
         write_file(tmp / SIGNATURE_FILE, signer.sign(body))
         fsync_dir(tmp)
-        faults.reach(f"commit-before-rename-{step}")
+        faults.reach(f"{faults_as}-before-rename-{step}")
         # the last moment before publishing: the lock still guards the run, and neither
         # name is a link someone planted
         lock.check_held(final.parent)
@@ -208,7 +218,7 @@ def commit(
                 "replacing existing %s (moved aside to %s, then deleted)", final, aside.name
             )
             os.rename(final, aside)
-            faults.reach(f"commit-aside-{step}")  # the old aside, the new not yet in place
+            faults.reach(f"{faults_as}-aside-{step}")  # the old aside, the new not yet in place
         os.rename(tmp, final)
         fsync_dir(final.parent)
         if aside is not None:

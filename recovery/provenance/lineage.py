@@ -49,6 +49,8 @@ def link(manifest: Manifest, path: Path, root: Path | None) -> dict[str, Any]:
         "segment": manifest.recovery.get("segment"),
         "purpose": manifest.purpose,
         "path": rel,
+        # a local-tier snapshot (recovery.run.tiers) is not durable: say so where it is linked
+        **({"tier": tier} if (tier := manifest.recovery.get("tier")) else {}),
     }
 
 

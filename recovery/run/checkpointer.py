@@ -8,7 +8,8 @@ retention, cost record, DVC). *Where* a save runs is :mod:`recovery.run.savers`;
 *how* bytes reach the disk, :mod:`recovery.integrity.commit`; *what* the state
 is, :class:`~recovery.state.registry.TrainState`; how a run begins (its
 restoring half), :class:`~recovery.run.restoring.Restoring`; what follows a commit
-and how it ends, :class:`~recovery.run.ending.Ending`.
+and how it ends, :class:`~recovery.run.ending.Ending` (with a local tier,
+:class:`~recovery.run.tiered.Tiered`).
 """
 
 from __future__ import annotations
@@ -38,16 +39,17 @@ from recovery.provenance import capture as prov
 from recovery.provenance import purpose
 from recovery.provenance.purpose import BUILTIN, PurposeSpec
 from recovery.provenance.recordable import recordable
-from recovery.run import cadence, retention, savers
+from recovery.run import cadence, retention, savers, tiers
 from recovery.run import job as job_mod
 from recovery.run import restore as begin
 from recovery.run.cadence import Cadence
 from recovery.run.differential import Differential, Plan
-from recovery.run.ending import Ending
 from recovery.run.job import SaveJob
 from recovery.run.journal import Journal
+from recovery.run.localtier import LocalTier
 from recovery.run.preemption import PreemptionGuard, agreed
 from recovery.run.restoring import defaults
+from recovery.run.tiered import Tiered
 from recovery.state import wrapping
 from recovery.state.registry import MODEL, TrainState
 from recovery.storage import tracking
@@ -55,7 +57,7 @@ from recovery.storage import tracking
 log = logging.getLogger(__name__)
 
 
-class Checkpointer(Ending):
+class Checkpointer(Tiered):
     """Saves and restores one run's :class:`TrainState`, signed, with provenance and lineage.
 
     Args:
@@ -117,6 +119,10 @@ class Checkpointer(Ending):
             hash_type=cfg.hash,
             differential=cfg.differential.enabled,
         )
+        if cfg.local.enabled:
+            tiers.check_supported(
+                distributed=world.distributed, differential=cfg.differential.enabled
+            )
         self.world = world
         self.seed = seed
         self.cfg = cfg
@@ -156,6 +162,20 @@ class Checkpointer(Ending):
             signer=signer,
             committed=self._committed,
         )
+        self.local = (
+            LocalTier(
+                cfg.local,
+                run_dir,
+                rank=world.rank,
+                signer=signer,
+                committed=self._committed,
+                event=self._event,
+                async_save=cfg.async_save,
+            )
+            if cfg.local.enabled
+            else None
+        )
+        """The local tier (``checkpoint.local``), or ``None``: :mod:`recovery.run.tiers`."""
         repo = tracking.find_repo(run_dir) if cfg.dvc.enabled and world.leader else None
         self.publisher = (
             tracking.Publisher(repo, push=cfg.dvc.push, remote=cfg.dvc.remote) if repo else None
@@ -202,6 +222,10 @@ class Checkpointer(Ending):
         )
         self._saver.settle(failed=failed, running=running)
         path = None
+        if self.local is not None:
+            self.local.raise_if_failed()  # a promotion's failure, at the step after it
+            if self.local.due(step) and not (preempt or due or self.local.busy()):
+                self._snapshot(state, step)
         if preempt or milestone or due:
             values = self._metrics(metrics, step)
             if preempt:
@@ -242,7 +266,7 @@ class Checkpointer(Ending):
         retention.check_metric(self.cfg, metrics)  # before the step counts as saved
         final = self.run_dir / step_dir_name(step)
         self.cadence.saved(step)
-        waited = self._saver.wait()
+        waited = self._saver.wait() + (self.local.wait() if self.local is not None else 0.0)
         self.pause_s += waited
         job = self._job(
             final,
@@ -253,11 +277,29 @@ class Checkpointer(Ending):
             absent=state.absent,
             differential=self.differential.plan(),
         )
-        self.pause_s += self._saver.save(job, state, waited=waited, sync=sync)
+        if self.local is not None and not sync:  # promoted from its local snapshot
+            self.pause_s += self.local.save(job, state, waited=waited)
+        else:
+            self.pause_s += self._saver.save(job, state, waited=waited, sync=sync)
         self.last_saved = step
         if self._watch is not None:  # what must not change before the next optimizer step
             self._watch.saved(step)
         return final
+
+    def _snapshot(self, state: TrainState, step: int) -> None:
+        """A local-tier snapshot of ``step`` (not a persistent checkpoint)."""
+        assert self.local is not None
+        job = self._job(
+            self.run_dir / step_dir_name(step),
+            step,
+            purpose.CONTINUATION,
+            None,
+            expect=state.expectations(step),
+            absent=state.absent,
+        )
+        self.pause_s += self.local.snapshot(job, state)
+        if self._watch is not None:  # what must not change before the next optimizer step
+            self._watch.saved(step)
 
     def save_warm_start(
         self, state: TrainState, step: int, *, metrics: dict[str, Any] | None = None
@@ -313,8 +355,8 @@ class Checkpointer(Ending):
         signal_name = name or "a peer rank's preemption"
         if self.last_saved != step:
             self.save(state, step, metrics=metrics, sync=True)
-        else:
-            self.pause_s += self._saver.wait()
+        else:  # that step's save, or its promotion, committed before it is said to be
+            self.pause_s += self._saver.wait() + (self.local.wait() if self.local else 0.0)
         self._event({"event": "preempted", "signal": signal_name, "step": step})
         raise Preempted(
             f"{signal_name}: checkpointed step {step} in {self.run_dir}; "

@@ -53,6 +53,9 @@ class Ending(Scheduled):
     _reaper: Reaper
     _created: float
     _closed: bool = False
+    persisted: int | None = None
+    """The step of the newest checkpoint committed in the run directory (or resumed from
+    there): not a save merely submitted."""
 
     def _committed(self, job: SaveJob, mf: Manifest, cost: Cost) -> None:
         """After a commit (on whichever thread wrote it): link, keep best, retain, record, push."""
@@ -69,7 +72,8 @@ class Ending(Scheduled):
                 retire=self.publisher.retire if self.publisher is not None else None,
                 reaper=self._reaper,
             )
-            self.cadence.measured(cost_s=cost.pause_s, persist_s=cost.write_s)
+            self.persisted = job.step
+            self.cadence.measured(cost_s=cost.planned_s, persist_s=cost.write_s)
             if retired:  # so a later resume knows these are gone on purpose (run.history)
                 self._event({"event": "retired", "steps": retired})
             # the run id binds a commit to its run when the chain around it is broken

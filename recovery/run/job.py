@@ -56,6 +56,8 @@ class SaveJob:
         hash_type: every file's digest algorithm.
         differential: a full base or a delta of the held base (``None``: differential
             saves are off).
+        faults_as: the prefix of its commit's :mod:`recovery.faults` points (``commit``;
+            ``local`` for a local-tier snapshot).
     """
 
     final: Path
@@ -70,6 +72,7 @@ class SaveJob:
     shard_bytes: int = 0
     hash_type: str = digests.SHA256
     differential: Plan | None = field(default=None, repr=False)
+    faults_as: str = "commit"
 
     def write(
         self,
@@ -120,6 +123,7 @@ class SaveJob:
             tmp=tmp,
             adopt=adopt,
             hash_type=self.hash_type,
+            faults_as=self.faults_as,
         )
         if self.differential is not None:
             self.differential.committed(self.final, mf, tensors)
@@ -208,4 +212,18 @@ def build(
         shard_bytes=shard_bytes,
         hash_type=hash_type,
         differential=differential,
+    )
+
+
+def resumed(final: Path, mf: Manifest) -> SaveJob:
+    """The save a resumed local snapshot's promotion reports: that snapshot, at ``final``."""
+    return SaveJob(
+        final=final,
+        step=mf.step,
+        purpose=mf.purpose,
+        requires=tuple(mf.recovery.get("requires") or ()),
+        statement=dict(mf.recovery),
+        meta={},
+        config_yaml="",
+        hash_type=mf.hash_type,
     )

@@ -249,10 +249,11 @@ def choose(
     strict: bool,
     defer: Callable[[str], bool] | None = None,
     exclude: Mapping[Path, str] | None = None,
+    local: Path | None = None,
 ) -> tuple[resume.Loaded | None, str | None, history.History]:
     """The checkpoint to resume (:func:`recovery.run.resume.select`, checked against the
     run's journal, whose steering events count when sealed by a key in ``events_trust``),
-    the same on every rank. ``defer``, ``exclude``: as ``select``'s.
+    the same on every rank. ``defer``, ``exclude``, ``local``: as ``select``'s.
 
     Returns:
         The checkpoint (``None``: start fresh); the run id it replaces when ``spec``
@@ -272,6 +273,7 @@ def choose(
         strict=strict,
         defer=defer,
         exclude=exclude,
+        local=local,
     )
     step = loaded.decoded.step if loaded is not None else -1
     loading.agree_on_resume(step, loaded.path if loaded else None, run_dir)
@@ -299,6 +301,7 @@ def resume_event(
         "run_id": ident.run_id,
         **({"replaced_run": replaced} if replaced else {}),
         "from": str(loaded.path),
+        "tier": loaded.manifest.recovery.get("tier", "persistent"),
         **({"base": str(loaded.base.path)} if loaded.base is not None else {}),
         "step": ident.step,
         "skipped": [str(p) for p, _ in loaded.skipped],

@@ -17,7 +17,7 @@ from __future__ import annotations
 import logging
 import threading
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from recovery.config import CheckpointConfig, HealthConfig
 from recovery.errors import VerificationError
@@ -28,13 +28,16 @@ from recovery.parallel import world as distributed
 from recovery.parallel.world import World
 from recovery.provenance import purpose
 from recovery.provenance.purpose import PurposeSpec
-from recovery.run import branches, resume, rundir, selfcheck
+from recovery.run import branches, resume, rundir, selfcheck, tiers
 from recovery.run import restore as begin
 from recovery.run.differential import Differential
 from recovery.run.journal import Journal
 from recovery.run.preemption import PreemptionGuard
 from recovery.run.watch import Watch
 from recovery.state.registry import TrainState
+
+if TYPE_CHECKING:
+    from recovery.run.localtier import LocalTier
 
 log = logging.getLogger(__name__)
 
@@ -56,7 +59,10 @@ class Restoring:
     journal: Journal
     purposes: dict[str, PurposeSpec]
     identity: begin.Identity
+    local: LocalTier | None
+    """The local tier (:mod:`recovery.run.tiers`): ``latest`` looks there too."""
     last_saved: int | None
+    persisted: int | None
     preemption: PreemptionGuard | None
     _lock: RunLock | None
     _owned: tuple[bool, bool]
@@ -110,9 +116,24 @@ class Restoring:
         try:
             if self._watch is None:  # registers the health monitor before anything loads
                 self._watch = Watch(state, self.journal, health=self._health)
+            if self.local is not None:
+                self.local.prepare()
             step = self._restore(state, resume_spec, init_from)
+            if self.local is not None:  # the RAM it needs fits, or one line before step 1
+                persistent = self.local.start(
+                    state,
+                    step,
+                    resumed=self.resumed_from,
+                    root=(self.identity.previous or {}).get("sha256"),
+                    trust=self.trust,
+                    allow_untrusted=self.allow_untrusted,
+                )
+                if persistent:  # its promotion had committed before the process died
+                    self.persisted = step
             self._watch.started(step)
         except BaseException:
+            if self.local is not None:  # its promotion finished before the lock goes
+                self.local.abandon()
             self._release(tidy=True)  # refused: nothing left behind that this start made
             raise
         for caution in state.cautions:
@@ -151,6 +172,7 @@ class Restoring:
                     strict=self.cfg.strict_resume,
                     defer=defer,
                     exclude=damaged,
+                    local=self.local.dir if self.local is not None else None,
                 )
                 if loaded is None:
                     break
@@ -169,6 +191,8 @@ class Restoring:
                 return step
         else:
             rundir.refuse_reuse(self.run_dir)
+            if self.local is not None:
+                self.local.refuse_reuse()
         self.differential.forget()  # a candidate that was adopted, then not resumed
         self.identity, event = begin.new_run(
             state, init_from, self.run_id, self.trust, self.allow_untrusted, root=self.root
@@ -199,6 +223,8 @@ class Restoring:
         )
         self.identity = ident
         self.last_saved = ident.step
+        if loaded.manifest.recovery.get("tier") != tiers.LOCAL:
+            self.persisted = ident.step  # a local snapshot is once its promotion commits
         self._event(begin.resume_event(loaded, ident, self.world.size, replaced=replaced))
         check = self.cfg.resume_check
         if check.enabled and ident.resharded:  # another world size reseeds: not the same run

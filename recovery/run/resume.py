@@ -43,7 +43,7 @@ from recovery.format.manifest import Manifest
 from recovery.integrity import chain
 from recovery.integrity.signing import TrustStore
 from recovery.provenance import purpose
-from recovery.run import checked, history
+from recovery.run import checked, history, tiers
 from recovery.run.history import History
 from recovery.storage import tracking
 
@@ -178,11 +178,14 @@ def select(
     key: str = "+resume",
     defer: Callable[[str], bool] | None = None,
     exclude: Mapping[Path, str] | None = None,
+    local: Path | None = None,
 ) -> Loaded | None:
     """The checkpoint ``spec`` names in ``run_dir``, verified and decoded.
 
     ``defer`` names files verified only when read (see :func:`load`); ``exclude``
-    (``latest`` only): checkpoints already found damaged by such a read, with why.
+    (``latest`` only): checkpoints already found damaged by such a read, with why;
+    ``local`` (``latest`` only): the run's local-tier directory, whose snapshots are
+    candidates too (:func:`recovery.run.tiers.order`: newest step first, local first).
 
     With ``latest``, the run's own ``history`` (its journal) is checked too: a
     checkpoint another run wrote is passed over (``SUBSTITUTION``), and
@@ -215,7 +218,14 @@ def select(
         want = kept[-1]
     if want == LATEST:
         return _latest(
-            run_dir, trust, allow_untrusted, history or History(), strict, defer, exclude or {}
+            run_dir,
+            trust,
+            allow_untrusted,
+            history or History(),
+            strict,
+            defer,
+            exclude or {},
+            local,
         )
     if isinstance(want, int):
         path = run_dir / step_dir_name(want)
@@ -253,10 +263,13 @@ def _latest(
     strict: bool,
     defer: Callable[[str], bool] | None,
     exclude: Mapping[Path, str],
+    local: Path | None = None,
 ) -> Loaded | None:
     skipped: list[tuple[Path, str]] = []
     foreign: list[ForeignCheckpointError] = []
-    for _step, path in reversed(candidates(run_dir)):
+    held = scan(local).committed if local is not None else []
+    for candidate in tiers.order(candidates(run_dir), held):
+        path = candidate.path
         if path in exclude:
             skipped.append((path, exclude[path]))
             continue
@@ -271,6 +284,11 @@ def _latest(
         except (VerificationError, FormatError, PurposeError, TrackingError) as err:
             log.warning("RESUME FALLBACK: skipping %s, it failed verification: %s", path, err)
             skipped.append((path, str(err)))
+            continue
+        if candidate.tier != tiers.LOCAL and loaded.manifest.recovery.get("tier") == tiers.LOCAL:
+            why = tiers.not_durable(path)
+            log.warning("RESUME FALLBACK: skipping %s", why)
+            skipped.append((path, why))
             continue
         if history.foreign(past, loaded.manifest.recovery.get("run_id")):
             refused = _foreign(path, loaded, past)

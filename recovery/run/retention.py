@@ -20,7 +20,7 @@ from recovery.format.manifest import Manifest
 from recovery.integrity import chain, commit, nofollow, reader
 from recovery.integrity.reaping import Reaper
 from recovery.integrity.signing import TrustStore
-from recovery.run import policy
+from recovery.run import policy, tiers
 
 log = logging.getLogger(__name__)
 
@@ -124,6 +124,17 @@ def tidy_best(run_dir: Path) -> list[Path]:
     return removed
 
 
+def _tier(path: Path) -> str | None:
+    """The tier a checkpoint's statement names (read, not verified: a forged ``local`` only
+    keeps a checkpoint from being counted or deleted)."""
+    try:
+        mf = reader.read_manifest(path, TrustStore(), allow_untrusted=True)
+    except RecoveryError:
+        return None
+    tier = mf.recovery.get("tier")
+    return tier if isinstance(tier, str) else None
+
+
 def _base_name(path: Path) -> str | None:
     """The directory name of the base a checkpoint needs (``None``: full, or unreadable)."""
     try:
@@ -153,6 +164,11 @@ def retain(
     kept while the delta is: :func:`~recovery.run.policy.to_delete`).
     """
     paths = dict(scan(run_dir).committed)
+    if trust is not None:  # a local snapshot put here counts for nothing, nor is deleted
+        for step, path in list(paths.items()):
+            if _tier(path) == tiers.LOCAL:
+                log.warning("retention: passing over %s", tiers.not_durable(path))
+                del paths[step]
     doomed = policy.to_delete(
         paths,
         newest=newest,

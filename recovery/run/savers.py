@@ -44,7 +44,14 @@ class Cost:
     write_s: float
     """From the tensors in hand to the committed directory."""
     mode: str
-    """``sync`` or ``async``."""
+    """``sync``, ``async`` or ``promoted`` (a local snapshot copied to the run directory:
+    :mod:`recovery.run.tiers`)."""
+
+    @property
+    def planned_s(self) -> float:
+        """What ``checkpoint.interval=auto`` plans the persistent interval with: the pause,
+        but for a promotion (whose pause is its local snapshot's) the persistent write."""
+        return self.write_s if self.mode == "promoted" else self.pause_s
 
     def event(self, step: int, nbytes: int) -> dict[str, Any]:
         """The journal's ``checkpoint`` record."""
@@ -57,8 +64,10 @@ class Cost:
             "write_s": self.write_s,
             "bytes": nbytes,
             "throughput_mb_s": nbytes / self.write_s / 1e6 if self.write_s > 0 else None,
-            # what a failure now could lose, in intervals (policy.max_loss_intervals)
-            "max_loss_intervals": policy.max_loss_intervals(self.mode == "async"),
+            # what a failure now could lose, in intervals (policy.max_loss_intervals): a
+            # promotion, like an async save, is written while the run goes on
+            "max_loss_intervals": policy.max_loss_intervals(self.mode != "sync"),
+            **({"promoted_from": "local"} if self.mode == "promoted" else {}),
         }
 
 

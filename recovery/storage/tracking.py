@@ -37,10 +37,11 @@ from pathlib import Path
 from typing import Any
 
 from recovery import faults
-from recovery.errors import ConfigError, TrackingError
+from recovery.errors import ConfigError, RecoveryError, TrackingError
 from recovery.format import bounded
 from recovery.format.layout import parse_step
-from recovery.integrity import nofollow, reaping
+from recovery.integrity import listed, nofollow, reaping
+from recovery.integrity.signing import TrustStore
 
 log = logging.getLogger(__name__)
 
@@ -321,6 +322,9 @@ class Publisher:
                     self._cond.notify_all()
 
     def _publish(self, ckpt: Path) -> None:
+        if local_snapshot(ckpt):
+            log.warning("DVC: not registering %s: a local-tier snapshot is not durable", ckpt)
+            return
         lock_error = _lock_error()
         for attempt, delay in enumerate((*BACKOFF, None)):
             try:
@@ -372,3 +376,14 @@ class Publisher:
                 timeout_s,
             )
         return done
+
+
+def local_snapshot(ckpt: Path) -> bool:
+    """Whether ``ckpt``'s statement says it is a local-tier snapshot (``tier: local``), copied
+    into a run directory: never registered or pushed as a checkpoint. The statement is read,
+    not verified: a forged ``local`` only keeps a checkpoint from DVC."""
+    try:
+        mf = listed.read_manifest(ckpt, TrustStore(), allow_untrusted=True)
+    except RecoveryError:
+        return False
+    return mf.recovery.get("tier") == "local"

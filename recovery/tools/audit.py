@@ -109,6 +109,9 @@ class Link:
     check: dict[str, Any] | None = None
     """On a resume link: the self-check of the steps that resume redid, as the run's later
     checkpoints signed it (``status``, ``compared``, ``identical``, ``first``)."""
+    tier: str | None = None
+    """On a resume link: ``local`` when the resume read a local-tier snapshot (RAM,
+    :mod:`recovery.run.tiers`); the link is then its persistent copy, the same digest."""
     error: str | None = None
     exception: RecoveryError | None = field(default=None, repr=False)
 
@@ -296,6 +299,8 @@ def audit(
                 link.resharded = src_seg["resharded"]
             if src_seg and isinstance(src_seg.get("check"), dict):
                 link.check = src_seg["check"]
+            if src_seg and (src_seg.get("from") or {}).get("tier") == "local":
+                link.tier = "local"
     return Report(str(path), links, segments, moved)
 
 

@@ -85,7 +85,7 @@ CLI_FLAGS = {
     "inspect": ["--allow-untrusted", "--json", "--trusted", "path"],
     "keygen": ["--force", "--json", "--out"],
     "ls": ["--allow-untrusted", "--json", "--trusted", "run_dir"],
-    "plan": ["--async", "--cost", "--intervals", "--json", "--mtbf"],
+    "plan": ["--async", "--cost", "--host-loss", "--intervals", "--json", "--local-cost", "--mtbf"],
     "predict": ["--allow-untrusted", "--input", "--json", "--trusted", "artifact"],
     "report": [
         "--allow-untrusted",

@@ -65,6 +65,8 @@ class Resume:
     world_size: int | None = None
     resharded: dict[str, Any] | None = None
     replaced_run: str | None = None
+    tier: str = "persistent"
+    """The tier it came from (``local``: a RAM snapshot, :mod:`recovery.run.tiers`)."""
     health: dict[str, Any] | None = None
     """The ``resume_health`` verdict on it (``None``: the run did not get that far)."""
     previous_end: str = ENDED
@@ -85,8 +87,10 @@ class Resume:
 
     @property
     def name(self) -> str:
-        """The checkpoint's directory name (``step-00000008``)."""
-        return PurePath(self.source).name or self.source
+        """The checkpoint's directory name (``step-00000008``; a local snapshot's with
+        `` (local tier)``)."""
+        local = " (local tier)" if self.tier == "local" else ""
+        return (PurePath(self.source).name or self.source) + local
 
     @property
     def verdict(self) -> str:
@@ -165,6 +169,7 @@ def _begin(story: Story, rec: dict[str, Any]) -> None:
         world_size=rec.get("world_size") if isinstance(rec.get("world_size"), int) else None,
         resharded=rec.get("resharded") if isinstance(rec.get("resharded"), dict) else None,
         replaced_run=str(rec["replaced_run"]) if rec.get("replaced_run") else None,
+        tier=str(rec.get("tier") or "persistent"),
     )
     if before is not None:
         resume.previous_end = before.ended

@@ -1,0 +1,392 @@
+"""The local tier of one rank: snapshots into node-local RAM, and their promotion.
+
+The policy and the design are in :mod:`recovery.run.tiers`; this is the part
+that writes. :meth:`LocalTier.snapshot` commits a step's
+:class:`~recovery.run.job.SaveJob` into the local directory on the training
+thread (its pause); :meth:`LocalTier.promote` copies a committed snapshot into
+the run directory on a background thread (:mod:`recovery.integrity.promote`)
+and reports the persistent commit to the checkpointer's ``committed`` callback,
+as a background save does.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import dataclasses
+import logging
+import shutil
+import time
+from collections.abc import Callable
+from pathlib import Path
+from typing import Any
+
+from recovery.config import LocalConfig
+from recovery.errors import RecoveryError, RunDirInUseError, SignatureError
+from recovery.format.layout import scan, step_dir_name
+from recovery.format.manifest import Manifest
+from recovery.integrity import commit, listed, private, promote
+from recovery.integrity.signing import Signer, TrustStore
+from recovery.run import job as job_mod
+from recovery.run import tiers
+from recovery.run.job import SaveJob, Tensors, split
+from recovery.run.savers import Committed, Cost
+from recovery.run.staging import Staging
+from recovery.run.writer import BackgroundWriter
+from recovery.state.registry import TrainState
+
+log = logging.getLogger(__name__)
+
+Event = Callable[[dict[str, Any]], None]
+Then = Callable[[Path, Manifest, float], None]
+"""What follows a committed snapshot: (its path, its manifest, the training thread's pause)."""
+
+
+class LocalTier:
+    """One rank's local snapshots of a run directory, and their promotion to it."""
+
+    def __init__(
+        self,
+        cfg: LocalConfig,
+        run_dir: Path,
+        *,
+        rank: int,
+        signer: Signer,
+        committed: Committed,
+        event: Event,
+        async_save: bool = False,
+    ) -> None:
+        self.every = cfg.every_steps
+        self.root = private.expand(cfg.root)
+        self.dir = tiers.local_dir(cfg.root, run_dir, rank)
+        self._private: private.PrivateDir | None = None
+        """The local directory, held open once :meth:`prepare` made or checked it."""
+        self.run_dir = run_dir
+        self.signer = signer
+        self.committed = committed
+        self.event = event
+        self._writer = BackgroundWriter()
+        """Promotions, one at a time."""
+        self._snapshots = BackgroundWriter() if async_save else None
+        """Snapshot writes from :attr:`_staging` (``checkpoint.async``), one at a time."""
+        self._staging = Staging() if async_save else None
+        self._pinned: set[int] = set()
+        self.snapshot_bytes = 0
+        """The newest snapshot's size (0: none committed yet)."""
+        self._rechecked = False
+        """Whether the RAM check ran again against a committed snapshot's real size."""
+        self.skipped = 0
+        """Snapshots skipped since the last one was taken (:meth:`busy`)."""
+
+    def due(self, step: int) -> bool:
+        """Whether ``step`` is a local snapshot's step."""
+        return step > 0 and step % self.every == 0
+
+    def busy(self) -> bool:
+        """Whether the previous snapshot is still being written (``checkpoint.async``): a
+        snapshot due now is skipped (:attr:`skipped`) rather than waited for, unless it is to
+        be promoted. The training thread never waits for a write into RAM."""
+        busy = self._snapshots is not None and self._snapshots.busy
+        self.skipped += busy
+        return busy
+
+    def held(self) -> list[tuple[int, Path]]:
+        """The committed snapshots in the local directory, oldest first (not verified)."""
+        return scan(self.dir).committed
+
+    def prepare(self) -> None:
+        """Before a resume looks here: create the directory and those above it up to the
+        root (each 0700, this user's; existing ones checked to be: :mod:`recovery.integrity.
+        private`) and remove what dead snapshot writes left (under the run directory's lock,
+        taken first).
+
+        Raises:
+            StorageError: ``checkpoint.local.root`` cannot hold it (one line naming the key).
+            UnsafePathError: a directory on the way is a symlink, another user's, or writable
+                by others.
+        """
+        self._private = private.PrivateDir(self.root, self.dir, key="checkpoint.local.root")
+        commit.remove_stale(self.dir)
+
+    def check(self) -> None:
+        """Before writing into or deleting from the local directory: it is still the private
+        directory :meth:`prepare` made or checked.
+
+        Raises:
+            UnsafePathError, StorageError: it is not.
+        """
+        if self._private is not None:
+            self._private.check()
+
+    def abandon(self) -> None:
+        """A refused start: wait for what runs in the background (its failure is the refusal's
+        to tell), then remove the empty directories :meth:`prepare` made."""
+        with contextlib.suppress(RecoveryError, OSError):
+            self.close(None)
+        if self._private is not None:
+            self._private.remove_made()
+
+    def refuse_reuse(self) -> None:
+        """A fresh run (no ``+resume=``) does not start over another run's snapshots.
+
+        Raises:
+            RunDirInUseError: the local directory holds snapshots.
+        """
+        if held := self.held():
+            raise RunDirInUseError(
+                f"{self.dir}: holds local snapshots up to step {held[-1][0]} of an earlier run "
+                "in this run directory (a run directory deleted and made again included). "
+                "Delete that directory for a new run; pass +resume=latest only to continue "
+                "the run that wrote them.",
+                path=self.dir,
+            )
+
+    def start(
+        self,
+        state: TrainState,
+        step: int,
+        *,
+        resumed: Path | None,
+        root: str | None,
+        trust: TrustStore,
+        allow_untrusted: bool,
+    ) -> bool:
+        """At the run's first step ``step``: discard snapshots of another branch, check
+        that :data:`~recovery.run.tiers.HELD` snapshots fit, and say what they reserve.
+        Then a run ``resumed`` from a local snapshot promotes it in the background (unless its
+        step is in the run directory already): the state it recovered becomes durable, and
+        a run resumed at its last step still ends with that step persistent. ``root``: the
+        digest the resume verified, which the snapshot must still have.
+
+        Returns:
+            Whether the snapshot resumed from is persistent already: the run directory holds
+            its step, signed, with the same root digest (its promotion committed before the
+            process died).
+
+        Raises:
+            StorageError: they do not fit (one line, before the first step).
+            VerificationError: the snapshot resumed from changed since it was read.
+        """
+        self.check()
+        for path in tiers.newer(self.held(), step):
+            log.warning(
+                "removing local snapshot %s: newer than step %d the run starts at", path, step
+            )
+            commit.discard(path)
+        _, tensors = split(state.state_dict())
+        nbytes = sum(t.numel() * t.element_size() for ts in tensors.values() for t in ts.values())
+        # a fresh run's optimizer state is not there yet: checked again after the first
+        # snapshot (:meth:`_recheck`); the staging buffers are another copy in RAM
+        held = [p for _, p in self.held()]
+        available = tiers.fit(self.dir, nbytes, held, staging=nbytes if self._staging else 0)
+        log.info(
+            "local tier: %s, a snapshot every %d steps, about %.1f MiB each, at most %d held "
+            "(%.1f MiB of %.1f MiB free)",
+            self.dir,
+            self.every,
+            nbytes / (1 << 20),
+            tiers.HELD,
+            tiers.HELD * nbytes / (1 << 20),
+            available / (1 << 20),
+        )
+        self.event(
+            {
+                "event": "local_tier",
+                "dir": str(self.dir),
+                "every_steps": self.every,
+                "snapshot_bytes": nbytes,
+                "held_max": tiers.HELD,
+                "free_bytes": available,
+            }
+        )
+        if resumed is None or resumed.parent != self.dir:
+            return False
+        final = self.run_dir / step_dir_name(step)
+        if final.exists():
+            with contextlib.suppress(RecoveryError):
+                return (
+                    listed.read_manifest(final, trust, allow_untrusted=allow_untrusted).root == root
+                )
+            return False
+        mf = listed.read_manifest(resumed, trust, allow_untrusted=allow_untrusted)
+        if mf.root != root:
+            raise SignatureError(
+                f"{resumed}: its manifest changed since the resume verified it (root "
+                f"{mf.root}, expected {root}); not promoting it. Requeue the run.",
+                path=resumed,
+            )
+        self.promote(job_mod.resumed(final, mf), resumed, mf, pause=0.0, waited=0.0)
+        return False
+
+    def snapshot(self, job: SaveJob, state: TrainState, *, then: Then | None = None) -> float:
+        """Snapshot ``job``'s step into the local directory; return the seconds the training
+        thread spent. Once it is committed (older snapshots retired), ``then(path, manifest,
+        pause)`` runs.
+
+        ``job`` is the step's save as the persistent tier would write it; the snapshot is
+        the same job, under the local directory, its statement saying ``tier: local``. With
+        ``checkpoint.async`` the training thread only copies the state into reused host
+        buffers (:class:`~recovery.run.staging.Staging`; after waiting for the previous
+        snapshot's write, not for a promotion) and the write runs on a background thread.
+
+        Raises:
+            PurposeError, CommitError, StorageError (the local root is full): this snapshot
+                (inline) or the previous one (async) failed.
+        """
+        started = time.perf_counter()
+        local = dataclasses.replace(
+            job,
+            final=self.dir / step_dir_name(job.step),
+            statement={**job.statement, "tier": tiers.LOCAL},
+            chained=False,
+            faults_as="local",
+            differential=None,
+        )
+        skipped, self.skipped = self.skipped, 0
+        if self._staging is None or self._snapshots is None:
+            self._recheck()
+            skeletons, tensors = split(state.state_dict())
+            self._commit(local, skeletons, tensors, started, then)
+            return time.perf_counter() - started
+        self._snapshots.wait()  # the buffers are free once the previous write committed
+        self._recheck()
+        staged = self._staging.stage(state.state_dict())
+        pause = time.perf_counter() - started
+
+        def run() -> Path:
+            self._commit(
+                local, staged.skeletons, staged.tensors, started, then, pause=pause, skipped=skipped
+            )
+            return local.final
+
+        self._snapshots.submit(run)
+        return pause
+
+    def _commit(
+        self,
+        local: SaveJob,
+        skeletons: dict[str, Any],
+        tensors: Tensors,
+        started: float,
+        then: Then | None,
+        *,
+        pause: float | None = None,
+        skipped: int = 0,
+    ) -> None:
+        self.check()
+        mf = local.write(skeletons, tensors, signer=self.signer)
+        for path in tiers.retire(self.held(), local.step, self._pinned):
+            commit.discard(path)
+        write_s = time.perf_counter() - started
+        self.snapshot_bytes = sum(r.size for r in mf.files)
+        self.event(
+            {
+                "event": "snapshot",
+                "tier": tiers.LOCAL,
+                "step": local.step,
+                "pause_s": write_s if pause is None else pause,
+                "write_s": write_s,
+                "bytes": self.snapshot_bytes,
+                "path": str(local.final),
+                **({"skipped": skipped} if skipped else {}),
+            }
+        )
+        if then is not None:
+            then(local.final, mf, write_s if pause is None else pause)
+
+    def save(self, job: SaveJob, state: TrainState, *, waited: float) -> float:
+        """Snapshot ``job``'s step locally, then promote it to ``job.final`` in the background;
+        return the seconds the training thread spent (the snapshot's). The caller has waited
+        for the previous promotion (:meth:`wait`)."""
+
+        def then(path: Path, mf: Manifest, pause: float) -> None:
+            self.promote(job, path, mf, pause=pause, waited=waited)
+
+        return self.snapshot(job, state, then=then)
+
+    def promote(
+        self, job: SaveJob, path: Path, mf: Manifest, *, pause: float, waited: float
+    ) -> None:
+        """Copy the snapshot ``path`` to ``job.final`` on the background thread, then report
+        the commit (``committed``); the caller has waited for the previous promotion."""
+        self._pinned.add(job.step)
+        recovery = {k: v for k, v in mf.recovery.items() if k != "tier"}
+        recovery["promoted"] = True
+
+        def run() -> Path:
+            begun = time.perf_counter()
+            try:
+                self.check()
+                persisted = promote.promote(
+                    path, mf, job.final, signer=self.signer, recovery=recovery
+                )
+                cost = Cost(pause, waited, time.perf_counter() - begun, "promoted")
+                self.committed(job, persisted, cost)
+            finally:
+                self._pinned.discard(job.step)
+            return job.final
+
+        self._writer.submit(run)
+
+    def wait(self) -> float:
+        """Wait for the snapshot write and the promotion in flight (in that order: the one
+        starts the other); return the seconds waited.
+
+        Raises:
+            CommitError, StorageError, VerificationError: one failed.
+        """
+        waited = self._snapshots.wait() if self._snapshots is not None else 0.0
+        return waited + self._writer.wait()
+
+    def raise_if_failed(self) -> None:
+        """Raise a finished snapshot write's or promotion's failure, once."""
+        if self._snapshots is not None:
+            self._snapshots.raise_if_failed()
+        self._writer.raise_if_failed()
+
+    def close(self, persisted: int | None) -> float:
+        """Wait for the promotion in flight and stop its thread; when the newest snapshot's
+        step is persistent (``persisted``: the newest step committed in the persistent tier,
+        not merely submitted), remove the local directory. Returns the seconds waited.
+
+        Raises:
+            CommitError, StorageError, VerificationError: the last promotion failed (the
+                snapshots are kept).
+        """
+        started = time.perf_counter()
+        try:
+            try:
+                if self._snapshots is not None:
+                    self._snapshots.close()
+            finally:
+                self._writer.close()
+            # only a step that reached the persistent tier lets the snapshots go: after a
+            # failed promotion or snapshot write they can be the newest state's only copy
+            held = self.held()
+            if persisted is not None and (not held or held[-1][0] <= persisted):
+                self._remove()
+        finally:
+            if self._private is not None:
+                self._private.close()
+        return time.perf_counter() - started
+
+    def _remove(self) -> None:
+        try:
+            self.check()  # never delete through a directory swapped in since
+        except RecoveryError as err:
+            log.warning("not removing the local tier's directory: %s", err)
+            return
+        shutil.rmtree(self.dir, ignore_errors=True)
+        with contextlib.suppress(OSError):  # the run's one above it, once no rank uses it
+            self.dir.parent.rmdir()
+
+    def _recheck(self) -> None:
+        """Once a snapshot committed, the RAM check again with its real size (a fresh run's
+        optimizer state only exists after its first step), before another is written.
+
+        Raises:
+            StorageError: it does not fit.
+        """
+        if self._rechecked or not self.snapshot_bytes:
+            return
+        self._rechecked = True
+        tiers.fit(self.dir, self.snapshot_bytes, [p for _, p in self.held()], staging=0)
