@@ -201,11 +201,10 @@ class LocalTier:
         if resumed is None or resumed.parent != self.dir:
             return False
         final = self.run_dir / step_dir_name(step)
-        if final.exists():
+        if final.exists():  # persistent: the same files, and not a local snapshot copied there
             with contextlib.suppress(RecoveryError):
-                return (
-                    listed.read_manifest(final, trust, allow_untrusted=allow_untrusted).root == root
-                )
+                there = listed.read_manifest(final, trust, allow_untrusted=allow_untrusted)
+                return there.root == root and there.recovery.get("tier") != tiers.LOCAL
             return False
         mf = listed.read_manifest(resumed, trust, allow_untrusted=allow_untrusted)
         if mf.root != root:

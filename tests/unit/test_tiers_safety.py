@@ -289,3 +289,20 @@ def test_a_resumed_snapshot_whose_promotion_had_committed_counts_as_persistent(
     assert third.restore(tiny_state(), "latest") == 8
     third.close()
     assert not third.local.dir.exists()
+
+
+def test_a_local_snapshot_copied_into_the_run_directory_does_not_make_its_step_persistent(
+    tmp_path, signer, trust, prov
+):
+    """The copy has the snapshot's root digest (the root covers the files), but it says
+    ``tier: local``: resuming from the snapshot must not count step 8 persistent, else the
+    close removes the one copy a later resume would take."""
+    ck, _ = crash_at(tmp_path, signer, trust, prov, 8)
+    (snap,) = [p for _, p in ck.local.held()]
+    shutil.copytree(snap, ck.run_dir / step_dir_name(8))
+    again = checkpointer(tmp_path, signer, trust, prov, final=12)
+    assert again.restore(tiny_state(), "latest") == 8
+    again.close()
+    third = checkpointer(tmp_path, signer, trust, prov, final=12)
+    assert third.restore(tiny_state(), "latest") == 8
+    third.close()
