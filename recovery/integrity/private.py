@@ -52,14 +52,18 @@ class PrivateDir:
         self.made: list[Path] = []
         """The directories this created, outermost first (:meth:`remove_made`)."""
         self._fd: int | None = None
-        self._id = self._walk(create=True)
         try:
-            self._fd = os.open(path, _DIR_FLAGS)
-        except OSError as err:
-            raise self._unusable(path, err) from err
-        if _identity(os.fstat(self._fd)) != self._id:
-            self.close()
-            raise self._unsafe(path, "was replaced while it was checked")
+            self._id = self._walk(create=True)
+            try:
+                self._fd = os.open(path, _DIR_FLAGS)
+            except OSError as err:
+                raise self._unusable(path, err) from err
+            if _identity(os.fstat(self._fd)) != self._id:
+                self.close()
+                raise self._unsafe(path, "was replaced while it was checked", self._remove())
+        except (StorageError, UnsafePathError):
+            self.remove_made()  # a refusal leaves nothing behind that it made
+            raise
 
     def check(self) -> None:
         """That every directory from the root down is still this user's and private, and
@@ -70,7 +74,8 @@ class PrivateDir:
             StorageError: one is gone.
         """
         if self._fd is not None and self._walk() != _identity(os.fstat(self._fd)):
-            raise self._unsafe(self.path, "is no longer the directory this run made")
+            what = "is no longer the directory this run made"
+            raise self._unsafe(self.path, what, self._remove())
 
     def close(self) -> None:
         """Let go of the directory (idempotent)."""
@@ -79,11 +84,13 @@ class PrivateDir:
             self._fd = None
 
     def remove_made(self) -> None:
-        """Remove the directories this created, innermost first, where they are still empty
-        (a refused start leaves nothing behind it made)."""
+        """Remove the directories this created below the root, innermost first, where they
+        are still empty (a refused start leaves nothing behind it made). Never the root:
+        another run of this user's may be about to make its own directory in it."""
         for directory in reversed(self.made):
-            with contextlib.suppress(OSError):
-                os.rmdir(directory)
+            if directory != self.root:
+                with contextlib.suppress(OSError):
+                    os.rmdir(directory)
 
     def _chain(self) -> list[Path]:
         parts = self.path.relative_to(self.root).parts
@@ -105,18 +112,36 @@ class PrivateDir:
                     raise self._unusable(directory, err) from err
             try:
                 st = os.lstat(directory)
+            except FileNotFoundError as err:
+                if create:
+                    raise self._unusable(directory, err) from err
+                raise StorageError(
+                    f"{self.key}: {directory} was removed while the run used it (a cleanup of "
+                    "the node's RAM filesystem?): its local snapshots are gone, the persistent "
+                    "checkpoints are not. Rerun with +resume=latest",
+                    path=directory,
+                ) from err
             except OSError as err:
                 raise self._unusable(directory, err) from err
             if stat.S_ISLNK(st.st_mode):
-                raise self._unsafe(directory, f"is a symlink (to {_target(directory)!r})")
+                what = f"is a symlink (to {_target(directory)!r})"
+                advice = f"Remove the link, or set {self.key}= elsewhere"
+                raise self._unsafe(directory, what, advice)
             if not stat.S_ISDIR(st.st_mode):
                 raise self._unusable(directory, None)
+            mode = stat.S_IMODE(st.st_mode)
             if st.st_uid != uid:
-                raise self._unsafe(directory, f"belongs to uid {st.st_uid}, not this user ({uid})")
+                what = f"belongs to uid {st.st_uid}, not this user ({uid})"
+                raise self._unsafe(directory, what, self._inside(directory))
             mask = 0o077 if directory == self.path else 0o022
-            if st.st_mode & mask:
+            if mode & mask:
                 who = "others can read or write it" if mask == 0o077 else "others can write it"
-                raise self._unsafe(directory, f"has mode {st.st_mode & 0o777:o} ({who})")
+                if mode & stat.S_ISVTX:  # a shared directory such as /dev/shm itself
+                    advice = self._inside(directory)
+                else:
+                    fix = "700" if mask == 0o077 else "go-w"
+                    advice = f"If it is yours: chmod {fix} {directory}"
+                raise self._unsafe(directory, f"has mode {mode:o} ({who})", advice)
         assert st is not None
         return _identity(st)
 
@@ -129,12 +154,21 @@ class PrivateDir:
             path=directory,
         )
 
-    def _unsafe(self, directory: Path, what: str) -> UnsafePathError:
+    def _unsafe(self, directory: Path, what: str, advice: str) -> UnsafePathError:
         return UnsafePathError(
             f"{self.key}: {directory} {what}; the local tier writes only into directories of "
-            "this user's that no one else can write. Remove it if it is yours, or set "
-            f"{self.key}= to a directory of your own",
+            f"this user's that no one else can write. {advice}",
             path=directory,
+        )
+
+    def _remove(self) -> str:
+        return f"Remove it if it is yours, or set {self.key}= to a directory of your own"
+
+    def _inside(self, directory: Path) -> str:
+        """The advice for a directory that is shared or someone else's."""
+        return (
+            f"Use a directory of your own inside it: {self.key}={directory}/recovery-{{uid}} "
+            "({uid}: your user id)"
         )
 
 

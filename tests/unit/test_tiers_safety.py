@@ -200,7 +200,35 @@ def test_a_refused_start_leaves_no_directory_it_made(tmp_path, signer, trust, pr
     real = localtier.shutil.disk_usage
     monkeypatch.setattr(localtier.shutil, "disk_usage", lambda p: real(p)._replace(free=1000))
     _refused(tmp_path, signer, trust, prov, StorageError, "needs")
-    assert not (tmp_path / "shm").exists()
+    # the per-user root stays (another run of this user's may be making its directory in it)
+    assert list((tmp_path / "shm").iterdir()) == []
+
+
+@pytest.mark.parametrize(
+    ("mode", "advice"),
+    [
+        (0o775, "If it is yours: chmod go-w {root}"),  # a umask of 002
+        (0o1777, "Use a directory of your own inside it: " + KEY + "={root}/recovery-{{uid}}"),
+    ],
+)
+def test_a_root_others_can_write_is_refused_with_the_fix_that_fits(tmp_path, mode, advice):
+    root = tmp_path / "root"
+    root.mkdir()
+    root.chmod(mode)
+    with pytest.raises(UnsafePathError) as refused:
+        PrivateDir(root, root / "run" / "rank0", key=KEY)
+    message = str(refused.value)
+    assert f"has mode {mode:o}" in message and advice.format(root=root) in message
+    assert "\n" not in message and list(root.iterdir()) == []
+
+
+def test_a_local_directory_removed_while_the_run_used_it_says_so(tmp_path):
+    root, leaf = tmp_path / "root", tmp_path / "root" / "run" / "rank0"
+    held = PrivateDir(root, leaf, key=KEY)
+    leaf.rmdir()
+    with pytest.raises(StorageError, match="was removed while the run used it"):
+        held.check()
+    held.close()
 
 
 def test_the_ram_check_runs_again_with_the_first_snapshot_s_real_size(
