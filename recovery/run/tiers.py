@@ -65,7 +65,7 @@ from __future__ import annotations
 
 import hashlib
 import shutil
-from collections.abc import Collection, Sequence
+from collections.abc import Callable, Collection, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -173,14 +173,56 @@ def mem_available(meminfo: str) -> int | None:
     return None
 
 
-def ram_available(path: Path) -> int | None:
-    """The memory available (``/proc/meminfo``) when ``path`` is on a filesystem held in RAM
-    (:data:`RAM_FILESYSTEMS`), else ``None`` (or where ``/proc`` cannot tell)."""
+def cgroup_room(cgroups: str, read: Callable[[str], str | None]) -> int | None:
+    """The memory this process's cgroups leave it (the least, over the cgroup and its
+    parents, of limit minus use), from the text of ``/proc/self/cgroup``; ``read(path)``
+    gives a file under ``/sys/fs/cgroup`` (``None``: unreadable). ``None``: no limit.
+
+    A job's memory limit (SLURM's ``ConstrainRAMSpace``, a Kubernetes pod's) counts the
+    pages of a RAM filesystem it writes, and the host's ``MemAvailable`` does not see it.
+    cgroup v2 (``0::/path``: ``memory.max``, ``memory.current``) and v1 (the ``memory``
+    controller: ``memory.limit_in_bytes``, ``memory.usage_in_bytes``).
+    """
+    rooms = []
+    for line in cgroups.splitlines():
+        hierarchy, controllers, rest = [*line.split(":", 2), "", ""][:3]
+        if hierarchy == "0" and controllers == "":
+            base, limit, used = "", "memory.max", "memory.current"
+        elif "memory" in controllers.split(","):
+            base, limit, used = "memory", "memory.limit_in_bytes", "memory.usage_in_bytes"
+        else:
+            continue
+        parts = [p for p in rest.split("/") if p]
+        for depth in range(len(parts), -1, -1):
+            where = "/".join([base, *parts[:depth]]).strip("/")
+            cap, now = read(f"{where}/{limit}".lstrip("/")), read(f"{where}/{used}".lstrip("/"))
+            if cap and now and cap.strip().isdigit() and now.strip().isdigit():
+                rooms.append(max(0, int(cap) - int(now)))
+    return min(rooms) if rooms else None
+
+
+def _read_cgroup(name: str) -> str | None:
     try:
-        kind = mounted_type(path.resolve(), Path("/proc/mounts").read_text())
-        return mem_available(Path("/proc/meminfo").read_text()) if kind in RAM_FILESYSTEMS else None
+        return (Path("/sys/fs/cgroup") / name).read_text()
     except OSError:
         return None
+
+
+def ram_available(path: Path) -> int | None:
+    """The memory available when ``path`` is on a filesystem held in RAM
+    (:data:`RAM_FILESYSTEMS`): the host's (``/proc/meminfo``), bounded by what the
+    process's cgroups leave it (:func:`cgroup_room`); ``None`` elsewhere (or where
+    ``/proc`` cannot tell)."""
+    try:
+        kind = mounted_type(path.resolve(), Path("/proc/mounts").read_text())
+        if kind not in RAM_FILESYSTEMS:
+            return None
+        host = mem_available(Path("/proc/meminfo").read_text())
+        job = cgroup_room(Path("/proc/self/cgroup").read_text(), _read_cgroup)
+    except OSError:
+        return None
+    known = [n for n in (host, job) if n is not None]
+    return min(known) if known else None
 
 
 def size(path: Path) -> int:

@@ -334,3 +334,27 @@ def test_a_local_snapshot_copied_into_the_run_directory_does_not_make_its_step_p
     third = checkpointer(tmp_path, signer, trust, prov, final=12)
     assert third.restore(tiny_state(), "latest") == 8
     third.close()
+
+
+CGROUP_FILES = {
+    "job/memory.max": "1000\n",  # cgroup v2: the job's limit
+    "job/memory.current": "400\n",
+    "job/step/memory.max": "max\n",  # no limit of its own
+    "job/step/memory.current": "300\n",
+    "memory/slurm/memory.limit_in_bytes": "5000\n",  # v1
+    "memory/slurm/memory.usage_in_bytes": "4500\n",
+}
+
+
+@pytest.mark.parametrize(
+    ("cgroups", "room"),
+    [
+        ("0::/job/step\n", 600),  # the parent's limit holds its child
+        ("0::/\n", None),  # no limit file at the root: none
+        ("4:memory:/slurm\n0::/job\n", 500),  # v1 and v2 both: the least room
+        ("3:cpu,cpuacct:/slurm\n", None),  # no memory controller
+        ("", None),
+    ],
+)
+def test_a_jobs_memory_limit_bounds_the_room_in_ram(cgroups, room):
+    assert tiers.cgroup_room(cgroups, CGROUP_FILES.get) == room
