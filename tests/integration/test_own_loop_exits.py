@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import os
 import signal
+import subprocess
 import sys
 import time
 
@@ -27,8 +28,8 @@ def test_a_module_level_loop_preempted_closes_and_exits_75(tmp_path):
     env.update({faults.PAUSE_ENV: "step-5", faults.MARK_ENV: str(mark),
                 faults.RELEASE_ENV: str(release)})  # fmt: skip
     cmd = [sys.executable, str(ROOT / "tests" / "fixtures" / "module_loop.py"), str(run_dir)]
-    proc = launcher.Popen(cmd, env=env, cwd=tmp_path, stdout=launcher.subprocess.PIPE,
-                          stderr=launcher.subprocess.STDOUT, text=True)  # fmt: skip
+    proc = launcher.Popen(cmd, env=env, cwd=tmp_path, stdout=subprocess.PIPE,
+                          stderr=subprocess.STDOUT, text=True)  # fmt: skip
     while not mark.exists():
         assert proc.poll() is None, proc.stdout.read()  # type: ignore[union-attr]
         time.sleep(0.02)  # not a busy loop: the other worker's tests share the cores

@@ -20,6 +20,7 @@ from typing import Any
 _BASE_PATH = [p for p in sys.path[1:] if p != str(Path(__file__).parent)]
 sys.path.insert(0, str(Path(__file__).resolve().parents[2]))
 from tests import launcher as client  # noqa: E402
+from tests.launcher import servers as registry  # noqa: E402
 
 sys.path.pop(0)
 CORE_ABSENT, PROFILES, ROOT, TORCHRUN, _HEADER = (
@@ -219,7 +220,7 @@ def _run(request: dict[str, Any], base_path: list[str]) -> None:
         "module": os.getcwd,
     }[kind]()
     sys.path[:] = [first, *(os.path.abspath(p) for p in extra), *base_path]
-    client._CHILD = True
+    registry._CHILD = True
     root = Path(request["root"])
     if request["profile"] == "full":  # a drill run here forks its runs from this server too,
         # and a DVC stage command run here (dvc repro) its command
