@@ -191,11 +191,12 @@ def test_seed_range_is_what_torch_and_numpy_accept():
 
 
 def test_train_py_with_a_bad_seed_is_one_line_and_exit_12(tmp_path):
-    import subprocess
     import sys
 
+    from tests import launcher
+
     root = Path(CONF).parent
-    done = subprocess.run(
+    done = launcher.run(
         [sys.executable, str(root / "train.py"), "seed=-1", f"checkpoint.root={tmp_path}"],
         cwd=root,
         capture_output=True,
