@@ -59,18 +59,25 @@ def _temp(run_dir: Path, step: int) -> Path:
     return tmp
 
 
-def test_close_keeps_the_snapshot_whose_promotion_failed_though_the_failure_was_told(
-    tmp_path, signer, trust, prov, paused
-):
-    arm, there, release = paused
+def _promoting(tmp_path, signer, trust, prov, paused, point: str, steps: int):
+    """A run to step 12 trained ``steps`` steps, its promotion paused at ``point``."""
+    arm, there, _ = paused
     ck = checkpointer(tmp_path, signer, trust, prov, final=12)
     state = tiny_state()
     ck.restore(state, "latest")
-    arm("promote-write-12")
-    for step in range(1, 13):
+    arm(point)
+    for step in range(1, steps + 1):
         train_steps(state, 1)
         ck.maybe_save(state, step)
     there()
+    return ck
+
+
+def test_close_keeps_the_snapshot_whose_promotion_failed_though_the_failure_was_told(
+    tmp_path, signer, trust, prov, paused
+):
+    release = paused[2]
+    ck = _promoting(tmp_path, signer, trust, prov, paused, "promote-write-12", 12)
     (snap,) = [p for _, p in ck.local.held()]
     link = _plant(ck.run_dir, 12)  # the promotion refuses to publish through it
     release()
@@ -110,15 +117,8 @@ def test_a_preemption_at_a_saved_step_waits_for_its_promotion(
 def test_a_promotion_refuses_its_temp_directory_swapped_while_it_copies(
     tmp_path, signer, trust, prov, paused
 ):
-    arm, there, release = paused
-    ck = checkpointer(tmp_path, signer, trust, prov, final=12)
-    state = tiny_state()
-    ck.restore(state, "latest")
-    arm("promote-write-6")
-    for step in range(1, 7):
-        train_steps(state, 1)
-        ck.maybe_save(state, step)
-    there()
+    release = paused[2]
+    ck = _promoting(tmp_path, signer, trust, prov, paused, "promote-write-6", 6)
     tmp = _temp(ck.run_dir, 6)
     elsewhere = tmp_path / "elsewhere"
     tmp.rename(elsewhere)
