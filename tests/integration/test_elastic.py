@@ -11,10 +11,12 @@ from __future__ import annotations
 import contextlib
 import json
 import os
+import shutil
 import signal
 import socket
 import subprocess
 import sys
+import tempfile
 import time
 import uuid
 from collections.abc import Callable, Iterator
@@ -33,9 +35,6 @@ from tests.integration.test_distributed import assert_same_job
 
 pytestmark = pytest.mark.integration
 
-TAG_ENV = "RECOVERY_TEST_ELASTIC_TAG"
-"""Set on every agent a test starts (its workers inherit it), so the cleanup finds workers
-that an agent killed by SIGKILL left orphaned."""
 PAUSE = "step-35"
 FRESH = "yet; starting a fresh run"  # resume=latest with nothing committed: a fresh run
 RESTART = "will restart worker group"  # torchrun's agent, on a failed worker group
@@ -48,41 +47,61 @@ def free_port() -> int:
         return int(sock.getsockname()[1])
 
 
+class Worker(psutil.Process):
+    """A process of an agent's job. Its :meth:`environ` is the one it was started with:
+    the launcher's record of it (forked from a preloaded server, its ``/proc`` environment
+    is the server's), else ``/proc``'s (a fresh interpreter)."""
+
+    def __init__(self, pid: int, records: Path) -> None:
+        super().__init__(pid)
+        self.records = records
+
+    def environ(self) -> dict[str, str]:
+        env = preloaded.recorded(self.records).get(self.pid)
+        return env if env is not None else super().environ()
+
+
 @dataclass
 class Agent:
     """One torchrun agent (a node): its process, output, and fault files."""
 
     name: str
-    proc: subprocess.Popen[bytes]
+    proc: preloaded.Forked | subprocess.Popen[bytes]
     log: Path
     mark: Path
     release: Path
+    records: Path  # the launcher's records of the job's processes (preloaded.RECORD_ENV)
 
     def output(self) -> str:
         return self.log.read_text(errors="replace")
 
-    def worker(self, rank: int) -> psutil.Process:
+    def worker(self, rank: int) -> Worker:
         """The agent's worker process of global rank ``rank`` (its current attempt's)."""
         for child in psutil.Process(self.proc.pid).children(recursive=True):
             try:
-                if child.environ().get("RANK") == str(rank):
-                    return child
+                worker = Worker(child.pid, self.records)
+                if worker.environ().get("RANK") == str(rank):
+                    return worker
             except (psutil.NoSuchProcess, psutil.AccessDenied):
                 continue
         raise AssertionError(f"{self.name}: no worker of rank {rank}:\n{self.output()}")
 
-    def paused_worker(self) -> psutil.Process:
+    def paused_worker(self) -> Worker:
         """The worker that wrote the mark (the one paused at the fault point)."""
-        return psutil.Process(int(self.mark.read_text().split()[1]))
+        return Worker(int(self.mark.read_text().split()[1]), self.records)
 
 
 class Launcher:
-    """Starts torchrun agents on train.py; at the end kills every process it started."""
+    """Starts torchrun agents on train.py, forked from the preloaded launcher (the agent
+    runs torchrun's code, its workers are its processes: see tests/launcher/server.py); at
+    the end kills every process it started."""
 
     def __init__(self, data_root: Path, key: Path) -> None:
         self.data_root = data_root
         self.key = key
-        self.tag = uuid.uuid4().hex
+        # every process of the agents' jobs records itself here (preloaded.RECORD_ENV), so
+        # the cleanup finds workers that an agent killed by SIGKILL left orphaned
+        self.records = Path(tempfile.mkdtemp(prefix="elastic-records-"))
         self.started: list[Agent] = []
 
     def start(
@@ -99,7 +118,8 @@ class Launcher:
         names the worker's pid; passed once the release file exists)."""
         root.mkdir(parents=True, exist_ok=True)
         mark, release = root / f"{name}.mark", root / f"{name}.release"
-        env = {**os.environ, "PYTHONUNBUFFERED": "1", TAG_ENV: self.tag, KEY_ENV: str(self.key)}
+        env = {**os.environ, "PYTHONUNBUFFERED": "1", KEY_ENV: str(self.key)}
+        env[preloaded.RECORD_ENV] = str(self.records)
         env["LOGLEVEL"] = "INFO"  # torchrun's agent says when it restarts the worker group
         for var in (faults.PAUSE_ENV, faults.MARK_ENV, faults.RELEASE_ENV):
             env.pop(var, None)
@@ -122,7 +142,7 @@ class Launcher:
             proc = preloaded.Popen(
                 cmd, cwd=root, stdout=out, stderr=subprocess.STDOUT, env=env, start_new_session=True
             )
-        agent = Agent(name, proc, log, mark, release)
+        agent = Agent(name, proc, log, mark, release, self.records)
         self.started.append(agent)
         return agent
 
@@ -152,12 +172,21 @@ class Launcher:
         return codes
 
     def kill_all(self) -> None:
-        """SIGKILL every agent started and every process carrying this launcher's tag (the
-        workers, each in a session of its own, orphaned ones included); reap the agents."""
+        """SIGKILL every agent started and every process of their jobs (the workers, each
+        in a session of its own, orphaned ones included): those the launcher recorded, and
+        any started by a fresh interpreter (found by the variable in its environment); reap
+        the agents."""
         mine = []
+        for pid in preloaded.recorded(self.records):
+            with contextlib.suppress(psutil.NoSuchProcess):
+                mine.append(psutil.Process(pid))
+        records = str(self.records)
         for proc in psutil.process_iter():
             try:
-                if proc.uids().real == os.getuid() and proc.environ().get(TAG_ENV) == self.tag:
+                if (
+                    proc.uids().real == os.getuid()
+                    and proc.environ().get(preloaded.RECORD_ENV) == records
+                ):
                     mine.append(proc)
             except (psutil.NoSuchProcess, psutil.AccessDenied, psutil.ZombieProcess):
                 continue
@@ -169,6 +198,7 @@ class Launcher:
                 agent.proc.kill()
             agent.proc.wait(timeout=30)
         psutil.wait_procs(mine, timeout=30)
+        shutil.rmtree(self.records, ignore_errors=True)
 
 
 @pytest.fixture
@@ -276,7 +306,8 @@ def test_two_agents_as_two_nodes_killed_and_restarted_resume_bit_identical(
         [victim] = [a for a in first if listens(a, port["first"])]
         worker = victim.paused_worker()
         victim.proc.send_signal(signal.SIGKILL)
-        worker.send_signal(signal.SIGKILL)
+        with contextlib.suppress(psutil.NoSuchProcess):  # its zygote may have been quicker
+            worker.send_signal(signal.SIGKILL)
     for agent in first:
         agent.release.touch()
     codes = launcher.finish(*first)

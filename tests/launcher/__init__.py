@@ -19,11 +19,15 @@ A ``torchrun`` job (``python -m torch.distributed.run``) is forked too: its agen
 torchrun's own code, and starts its ranks through a *zygote*, a server of its own forked
 before the agent starts a thread (see ``server.py``), so each rank is a real process in
 the job's process tree, signalled by the agent as torchrun signals its workers.
+A child's ``/proc/<pid>/environ`` is its server's (a fork does not rewrite it): one
+started with :data:`RECORD_ENV` set records its environment where :func:`recorded`
+reads it.
 
 What a fork cannot give, and so what keeps a fresh interpreter (``subprocess``
 directly): import hygiene (what importing a module pulls in), a fresh install, and
 environment variables read when a library is first imported (``MKL_NUM_THREADS`` and
-the like; ``OMP_NUM_THREADS`` the child applies as torch's start-up does) —
+the like; ``OMP_NUM_THREADS`` the child applies as torch's start-up does, and
+``LOGLEVEL`` as torchrun's modules do on import) —
 :func:`forkable` refuses a command that sets one of those. Stochastic state that a fresh interpreter
 seeds from the OS (Python's ``random``, NumPy's global generator) is reseeded in each
 child; torch's default generator starts from its fixed default seed either way.
@@ -38,10 +42,13 @@ from tests.launcher.commands import (
     CORE_ABSENT,
     OWN_PACKAGES,
     PROFILES,
+    RECORD_ENV,
     ROOT,
     TORCHRUN,
     forkable,
+    recorded,
     root_for,
+    start_ticks,
     unshell,
 )
 from tests.launcher.forked import (
@@ -65,6 +72,7 @@ __all__ = [
     "CORE_ABSENT",
     "OWN_PACKAGES",
     "PROFILES",
+    "RECORD_ENV",
     "ROOT",
     "TORCHRUN",
     "_HEADER",
@@ -78,9 +86,11 @@ __all__ = [
     "patch",
     "patch_drills",
     "patch_dvc_stages",
+    "recorded",
     "root_for",
     "run",
     "server",
     "share",
+    "start_ticks",
     "unshell",
 ]

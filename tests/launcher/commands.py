@@ -3,6 +3,7 @@ runs each (:func:`root_for`); see :mod:`tests.launcher`."""
 
 from __future__ import annotations
 
+import json
 import os
 import re
 import shutil
@@ -51,8 +52,10 @@ CORE_ABSENT = ("dvc", "hydra", "omegaconf", "matplotlib", "sklearn")
 # read by a library as it is first imported: a child of the server would not see them
 # (PYTHONPATH and PYTHONUNBUFFERED the child applies itself; every other PYTHON* counts)
 IMPORT_TIME_ENV = ("PYTHON", "OMP_", "KMP_", "MKL_", "OPENBLAS_", "LD_", "TORCH_", "CUDA_")
-IMPORT_TIME_ENV += ("GIT_PYTHON_", "TQDM_", "MPLBACKEND", "MALLOC_", "LOGLEVEL")
-APPLIED_ENV = ("PYTHONPATH", "PYTHONUNBUFFERED", "OMP_NUM_THREADS")  # torch.set_num_threads
+IMPORT_TIME_ENV += ("GIT_PYTHON_", "TQDM_", "MPLBACKEND", "MALLOC_")
+# applied by the child: OMP_NUM_THREADS with torch.set_num_threads, LOGLEVEL to the loggers
+# torchrun's modules set from it on import (see server.py)
+APPLIED_ENV = ("PYTHONPATH", "PYTHONUNBUFFERED", "OMP_NUM_THREADS", "LOGLEVEL")
 # read when used, not on import, though named like the above (torchrun sets it for ranks)
 READ_ON_USE_ENV = ("TORCH_NCCL_ASYNC_ERROR_HANDLING",)
 TORCHRUN = "torch.distributed.run"
@@ -61,6 +64,33 @@ _BASE_ENV = dict(os.environ)
 # of one of them is not forkable
 OWN_PACKAGES = ("recovery", "recipes")
 _HEADER = struct.Struct("!I")
+RECORD_ENV = "TESTS_LAUNCHER_RECORD"
+"""A directory: a child forked with this variable set writes ``<pid>.json`` there, its start
+time and environment, which ``/proc/<pid>/environ`` does not show (a fork's shows its
+server's); :func:`recorded` reads them."""
+
+
+def start_ticks(pid: int) -> int | None:
+    """When process ``pid`` started (clock ticks since boot), or None if there is none."""
+    try:
+        stat = Path(f"/proc/{pid}/stat").read_text()
+    except OSError:
+        return None
+    return int(stat.rsplit(")", 1)[1].split()[19])  # field 22, counted from the state (3)
+
+
+def recorded(directory: str | os.PathLike[str]) -> dict[int, dict[str, str]]:
+    """The environments of the live processes recorded in ``directory`` (:data:`RECORD_ENV`),
+    by pid; a record whose pid names another process now (reused) is left out."""
+    found = {}
+    for path in Path(directory).glob("*.json"):
+        try:
+            record = json.loads(path.read_text())
+        except (OSError, ValueError):
+            continue
+        if start_ticks(int(path.stem)) == record["start"]:
+            found[int(path.stem)] = record["env"]
+    return found
 
 
 def _split(cmd: list[str]) -> tuple[str, str, list[str]] | None:

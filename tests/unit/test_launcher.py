@@ -122,7 +122,7 @@ def test_what_it_cannot_fork_goes_to_a_fresh_interpreter(tmp_path):
     assert not launcher.forkable(["git", "--version"])
     # read as the libraries are imported: the preloaded server would not see it
     assert not launcher.forkable([PY, "-c", "pass"], {**os.environ, "MKL_NUM_THREADS": "3"})
-    assert not launcher.forkable([PY, "-c", "pass"], {**os.environ, "LOGLEVEL": "INFO"})
+    assert not launcher.forkable([PY, "-c", "pass"], {**os.environ, "TORCH_LOGS": "dynamo"})
     assert launcher.forkable([PY, "-c", "pass"], {**os.environ, "PYTHONPATH": "/x"})
     copy = tmp_path / "recovery"  # a directory of that name, not the project's package
     copy.mkdir()
@@ -161,6 +161,30 @@ def test_a_drill_in_a_child_forks_its_runs_from_the_same_server(tmp_path):
     done = launcher.run([PY, "-c", code], capture_output=True, text=True, timeout=120)
     assert done.returncode == 0, done.stderr
     assert done.stdout.split() == ["True", str(-signal.SIGKILL)]
+
+
+LEVEL = (
+    "import logging, sys\n"
+    "from torch.distributed.elastic.agent.server import api\n"  # preloaded by the server
+    "print(logging.getLevelName(api.logger.level), flush=True)\n"
+    "sys.stdin.read()\n"
+)
+
+
+def test_loglevel_reaches_torchruns_loggers_and_a_record_keeps_a_childs_environment(tmp_path):
+    """``LOGLEVEL``, which torchrun's modules apply to their loggers on import, is applied
+    to those the server imported; a child given ``RECORD_ENV`` records the environment it
+    runs with (its ``/proc`` one is its server's) while it lives."""
+    env = {**os.environ, "LOGLEVEL": "INFO", launcher.RECORD_ENV: str(tmp_path), "MARK": "m"}
+    assert launcher.forkable([PY, "-c", LEVEL], env)
+    proc = launcher.Popen([PY, "-c", LEVEL], env=env, stdin=subprocess.PIPE, stdout=subprocess.PIPE)
+    assert proc.stdout.readline().strip() == b"INFO"
+    assert launcher.recorded(tmp_path)[proc.pid]["MARK"] == "m"
+    assert "MARK" not in psutil.Process(proc.pid).environ()  # why the record
+    proc.communicate(b"", timeout=60)
+    assert proc.returncode == 0 and launcher.recorded(tmp_path) == {}  # gone: left out
+    plain = launcher.run([PY, "-c", LEVEL], capture_output=True, text=True, input="")
+    assert plain.stdout.strip() == "WARNING"  # torch's default, without LOGLEVEL
 
 
 RANK = """
