@@ -54,6 +54,7 @@ from tests.launcher.commands import (
 from tests.launcher.forked import (
     Forked,
     Popen,
+    cpu_spent,
     patch,
     patch_drills,
     patch_dvc_stages,
@@ -82,6 +83,7 @@ __all__ = [
     "Server",
     "close_all",
     "close_copies",
+    "cpu_spent",
     "forkable",
     "patch",
     "patch_drills",

@@ -36,6 +36,16 @@ def _fd(spec: Any, default: int, opened: list[int]) -> tuple[int, int | None]:
     return spec.fileno(), None
 
 
+_SPENT = [0.0]
+
+
+def cpu_spent() -> float:
+    """The CPU seconds of the children this process's :class:`Forked` saw end (with what
+    they reaped; a torchrun job's ranks, reaped by its zygote, are not counted): a
+    process's launched work, which its own ``getrusage`` does not hold."""
+    return _SPENT[0]
+
+
 class Forked:
     """A child of the launcher, driven like :class:`subprocess.Popen`."""
 
@@ -65,6 +75,7 @@ class Forked:
         kind, target, rest = split
         self.args = list(args)
         self.returncode: int | None = None
+        self.cpu: float | None = None  # once it ended: its CPU seconds, its reaped children's
         opened: list[int] = []
         try:
             in_fd, in_ours = _fd(stdin, 0, opened)
@@ -121,6 +132,8 @@ class Forked:
             msg = self._message(timeout)
             if msg is not None:
                 self.returncode = int(msg["status"])
+                self.cpu = float(msg["cpu"])
+                _SPENT[0] += self.cpu
                 self._sock.close()
         return self.returncode
 

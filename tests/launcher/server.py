@@ -178,7 +178,7 @@ def _alive(pid: int) -> bool:
 def _reap(children: dict[int, socket.socket]) -> None:
     while children:
         try:
-            pid, status = os.waitpid(-1, os.WNOHANG)
+            pid, status, usage = os.wait4(-1, os.WNOHANG)
         except ChildProcessError:
             return
         if pid == 0:
@@ -186,8 +186,10 @@ def _reap(children: dict[int, socket.socket]) -> None:
         conn = children.pop(pid, None)
         if conn is not None:
             code = os.waitstatus_to_exitcode(status)
+            # its CPU seconds, with those of the children it reaped (a cost to measure)
+            reply = {"status": code, "cpu": usage.ru_utime + usage.ru_stime}
             with contextlib.suppress(OSError):
-                conn.sendall(json.dumps({"status": code}).encode() + b"\n")
+                conn.sendall(json.dumps(reply).encode() + b"\n")
             conn.close()
 
 
