@@ -73,9 +73,21 @@ class LocalConfig:
     """The node-local directory (RAM by default; ``{uid}``: the user's id, so that each user
     has a root of their own); each run directory gets its own
     ``<root>/<run name>-<digest of its path>/rank<r>/``, every directory this user's, mode 0700."""
+    replicas: int = 1
+    """Under ``torchrun``: how many other ranks hold a copy of each rank's newest snapshot
+    (sent in the background), so a job whose node lost its RAM restores it from a peer;
+    0: none (a lost node falls back to the persistent tier). Ignored in one process."""
+    replica_spacing: int = 0
+    """Under ``torchrun``: rank ``r``'s copies go to ranks ``r + k * spacing`` (k = 1 ..
+    ``replicas``, modulo the world size); 0: the ranks per node (``LOCAL_WORLD_SIZE``), so
+    each copy is on another node."""
 
     def __post_init__(self) -> None:
         at_least("checkpoint.local.every_steps", self.every_steps, 0, 10, " (0: no local tier)")
+        at_least("checkpoint.local.replicas", self.replicas, 0, 1, " (0: no peer replicas)")
+        at_least(
+            "checkpoint.local.replica_spacing", self.replica_spacing, 0, 8, " (0: ranks per node)"
+        )
         if not str(self.root).strip():
             raise refuse(
                 "checkpoint.local.root",

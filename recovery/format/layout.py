@@ -37,6 +37,9 @@ DISTRIBUTED = "distributed"
 """``state.json`` key of a distributed checkpoint: world size, strategy, where state lives."""
 RANK_DIR = "ranks"
 """Distributed checkpoints: each rank's own state (its RNG streams)."""
+RANK_SNAPSHOT = "rank_snapshot"
+"""``state.json`` meta of a local snapshot under torchrun: ``{"rank", "world_size"}`` of the
+rank whose state it holds (its RNG streams are that rank's alone)."""
 
 _COMMITTED = re.compile(r"^step-(\d{8,})$")
 _TEMP = re.compile(r"^step-(\d{8,})\.(tmp|aside|trash)-[0-9a-f]+$")

@@ -16,7 +16,7 @@ from pathlib import Path
 from typing import Any
 
 from recovery.errors import IncompatibleStateError, RecoveryError
-from recovery.format.layout import DISTRIBUTED
+from recovery.format.layout import DISTRIBUTED, RANK_SNAPSHOT
 from recovery.parallel import sharded
 from recovery.parallel import world as distributed
 from recovery.parallel.world import World
@@ -27,13 +27,18 @@ from recovery.state.snapshot import Decoded
 log = logging.getLogger(__name__)
 
 
+def same_step(step: int) -> bool:
+    """Whether every rank chose the checkpoint of the same ``step`` (-1 for none)."""
+    return distributed.all_ok(step == distributed.broadcast_int(step))
+
+
 def agree_on_resume(step: int, chosen: Path | None, run_dir: Path) -> None:
     """Every rank chose the same checkpoint (``step``, -1 for none) to resume from.
 
     Raises:
         RecoveryError: they did not (a checkpoint root that is not one shared filesystem).
     """
-    if not distributed.all_ok(step == distributed.broadcast_int(step)):
+    if not same_step(step):
         raise RecoveryError(
             f"{run_dir}: the ranks chose different checkpoints to resume from "
             f"(this rank: {chosen or 'none'}); is the checkpoint root "
@@ -71,6 +76,17 @@ def load_state(
     spread = decoded.meta.get(DISTRIBUTED)
     saved_size = int(spread["world_size"]) if isinstance(spread, dict) else 1
     via_dcp = isinstance(spread, dict)
+    owner = decoded.meta.get(RANK_SNAPSHOT)
+    if isinstance(owner, dict):  # one rank's local snapshot: that rank of that world only
+        saved_size = int(owner.get("world_size", 0))
+        if (int(owner.get("rank", -1)), saved_size) != (world.rank, world.size):
+            raise IncompatibleStateError(
+                f"{path}: is rank {owner.get('rank')}'s local snapshot of a {saved_size}-rank "
+                f"job; this process is rank {world.rank} of {world.size}. Resume from the "
+                "persistent tier (+resume=<step>) instead.",
+                mismatches=[f"rank {owner.get('rank')} of {saved_size}"],
+                path=path,
+            )
     if not via_dcp:
         sharded.refuse_plain_into_sharded(state.components.get(MODEL), path)
     plain = [n for n in state.components if not (via_dcp and n in sharded.SHARDED)]

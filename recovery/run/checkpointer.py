@@ -121,7 +121,9 @@ class Checkpointer(Tiered):
         )
         if cfg.local.enabled:
             tiers.check_supported(
-                distributed=world.distributed, differential=cfg.differential.enabled
+                distributed=world.distributed,
+                strategy=strategy,
+                differential=cfg.differential.enabled,
             )
         self.world = world
         self.seed = seed
@@ -171,6 +173,7 @@ class Checkpointer(Tiered):
                 committed=self._committed,
                 event=self._event,
                 async_save=cfg.async_save,
+                world=world,
             )
             if cfg.local.enabled
             else None
@@ -217,15 +220,20 @@ class Checkpointer(Tiered):
         # every rank must take the same decisions (whether to save, whether a background
         # save failed somewhere): one collective a step (a no-op for one process)
         failed, running = self._saver.status()
-        preempt, due, failed, running = distributed.any_of(
-            preempt, self.cadence.due(step), failed, running
+        # a snapshot still written skips the one due: on every rank alike (peer replicas)
+        busy = self.local is not None and self.local.due(step) and self.local.busy()
+        preempt, due, failed, running, busy = distributed.any_of(
+            preempt, self.cadence.due(step), failed, running, busy
         )
         self._saver.settle(failed=failed, running=running)
         path = None
         if self.local is not None:
             self.local.raise_if_failed()  # a promotion's failure, at the step after it
-            if self.local.due(step) and not (preempt or due or self.local.busy()):
-                self._snapshot(state, step)
+            if self.local.due(step) and not (preempt or due):
+                if busy:
+                    self.local.skipped += 1
+                else:
+                    self._snapshot(state, step)
         if preempt or milestone or due:
             values = self._metrics(metrics, step)
             if preempt:
@@ -277,7 +285,8 @@ class Checkpointer(Tiered):
             absent=state.absent,
             differential=self.differential.plan(),
         )
-        if self.local is not None and not sync:  # promoted from its local snapshot
+        # promoted from its local snapshot; under torchrun every rank writes its part
+        if self.local is not None and not sync and not self.world.distributed:
             self.pause_s += self.local.save(job, state, waited=waited)
         else:
             self.pause_s += self._saver.save(job, state, waited=waited, sync=sync)

@@ -14,21 +14,23 @@ from __future__ import annotations
 import contextlib
 import dataclasses
 import logging
-import shutil
 import time
 from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
 from recovery.config import LocalConfig
-from recovery.errors import RecoveryError, RunDirInUseError, SignatureError
-from recovery.format.layout import scan, step_dir_name
+from recovery.errors import RecoveryError, SignatureError
+from recovery.format.layout import RANK_SNAPSHOT, step_dir_name
 from recovery.format.manifest import Manifest
-from recovery.integrity import commit, listed, private, promote
+from recovery.integrity import commit, listed, promote
 from recovery.integrity.signing import Signer, TrustStore
+from recovery.parallel.world import SINGLE, World
 from recovery.run import job as job_mod
 from recovery.run import tiers
 from recovery.run.job import SaveJob, Tensors, split
+from recovery.run.localdir import LocalDir
+from recovery.run.peertier import Peers
 from recovery.run.savers import Committed, Cost
 from recovery.run.staging import Staging
 from recovery.run.writer import BackgroundWriter
@@ -41,7 +43,7 @@ Then = Callable[[Path, Manifest, float], None]
 """What follows a committed snapshot: (its path, its manifest, the training thread's pause)."""
 
 
-class LocalTier:
+class LocalTier(LocalDir):
     """One rank's local snapshots of a run directory, and their promotion to it."""
 
     def __init__(
@@ -54,12 +56,10 @@ class LocalTier:
         committed: Committed,
         event: Event,
         async_save: bool = False,
+        world: World = SINGLE,
     ) -> None:
+        super().__init__(cfg.root, run_dir, rank)
         self.every = cfg.every_steps
-        self.root = private.expand(cfg.root)
-        self.dir = tiers.local_dir(cfg.root, run_dir, rank)
-        self._private: private.PrivateDir | None = None
-        """The local directory, held open once :meth:`prepare` made or checked it."""
         self.run_dir = run_dir
         self.signer = signer
         self.committed = committed
@@ -76,6 +76,9 @@ class LocalTier:
         """Whether the RAM check ran again against a committed snapshot's real size."""
         self.skipped = 0
         """Snapshots skipped since the last one was taken (:meth:`busy`)."""
+        self.world = world
+        self.peers = Peers(cfg, self.dir.parent, world) if world.distributed else None
+        """Under ``torchrun``: the copies of snapshots on peers (:mod:`recovery.run.peertier`)."""
 
     def due(self, step: int) -> bool:
         """Whether ``step`` is a local snapshot's step."""
@@ -85,37 +88,23 @@ class LocalTier:
         """Whether the previous snapshot is still being written (``checkpoint.async``): a
         snapshot due now is skipped (:attr:`skipped`) rather than waited for, unless it is to
         be promoted. The training thread never waits for a write into RAM."""
-        busy = self._snapshots is not None and self._snapshots.busy
-        self.skipped += busy
-        return busy
-
-    def held(self) -> list[tuple[int, Path]]:
-        """The committed snapshots in the local directory, oldest first (not verified)."""
-        return scan(self.dir).committed
+        return self._snapshots is not None and self._snapshots.busy
 
     def prepare(self) -> None:
-        """Before a resume looks here: create the directory and those above it up to the
-        root (each 0700, this user's; existing ones checked to be: :mod:`recovery.integrity.
-        private`) and remove what dead snapshot writes left (under the run directory's lock,
-        taken first).
+        """As :meth:`LocalDir.prepare <recovery.run.localdir.LocalDir.prepare>`, and under
+        ``torchrun`` the directories of the peers' copies as well."""
+        super().prepare()
+        if self.peers is not None:
+            self.peers.prepare(self.root)
 
-        Raises:
-            StorageError: ``checkpoint.local.root`` cannot hold it (one line naming the key).
-            UnsafePathError: a directory on the way is a symlink, another user's, or writable
-                by others.
-        """
-        self._private = private.PrivateDir(self.root, self.dir, key="checkpoint.local.root")
-        commit.remove_stale(self.dir)
-
-    def check(self) -> None:
-        """Before writing into or deleting from the local directory: it is still the private
-        directory :meth:`prepare` made or checked.
-
-        Raises:
-            UnsafePathError, StorageError: it is not.
-        """
-        if self._private is not None:
-            self._private.check()
+    def candidates(self, trust: TrustStore, allow_untrusted: bool) -> list[tuple[int, Path]]:
+        """The snapshots a ``latest`` resume may take, oldest first: this directory's (not
+        verified yet); under ``torchrun`` the job's newest step every rank holds, brought
+        here from a peer if this node lost it (:meth:`~recovery.run.peertier.Peers.gather`:
+        collective)."""
+        if self.peers is None:
+            return self.held()
+        return self.peers.gather(self.dir, trust, allow_untrusted)
 
     def abandon(self) -> None:
         """A refused start: wait for what runs in the background (its failure is the refusal's
@@ -124,21 +113,6 @@ class LocalTier:
             self.close(None)
         if self._private is not None:
             self._private.remove_made()
-
-    def refuse_reuse(self) -> None:
-        """A fresh run (no ``+resume=``) does not start over another run's snapshots.
-
-        Raises:
-            RunDirInUseError: the local directory holds snapshots.
-        """
-        if held := self.held():
-            raise RunDirInUseError(
-                f"{self.dir}: holds local snapshots up to step {held[-1][0]} of an earlier run "
-                "in this run directory (a run directory deleted and made again included). "
-                "Delete that directory for a new run; pass +resume=latest only to continue "
-                "the run that wrote them.",
-                path=self.dir,
-            )
 
     def start(
         self,
@@ -172,12 +146,16 @@ class LocalTier:
                 "removing local snapshot %s: newer than step %d the run starts at", path, step
             )
             commit.discard(path)
+        if self.peers is not None:
+            self.peers.discard_newer(step)
         _, tensors = split(state.state_dict())
         nbytes = sum(t.numel() * t.element_size() for ts in tensors.values() for t in ts.values())
         # a fresh run's optimizer state is not there yet: checked again after the first
         # snapshot (:meth:`_recheck`); the staging buffers are another copy in RAM
         held = [p for _, p in self.held()]
-        available = tiers.fit(self.dir, nbytes, held, staging=nbytes if self._staging else 0)
+        available = tiers.fit(
+            self.dir, nbytes, held, staging=nbytes if self._staging else 0, copies=self._copies()
+        )
         log.info(
             "local tier: %s, a snapshot every %d steps, about %.1f MiB each, at most %d held "
             "(%.1f MiB of %.1f MiB free)",
@@ -198,8 +176,8 @@ class LocalTier:
                 "free_bytes": available,
             }
         )
-        if resumed is None or resumed.parent != self.dir:
-            return False
+        if resumed is None or resumed.parent != self.dir or self.peers is not None:
+            return False  # under torchrun the persistent tier is not promoted (peertier)
         final = self.run_dir / step_dir_name(step)
         if final.exists():  # persistent: the same files, and not a local snapshot copied there
             with contextlib.suppress(RecoveryError):
@@ -240,6 +218,15 @@ class LocalTier:
             faults_as="local",
             differential=None,
         )
+        if self.world.distributed:  # whose snapshot, of which job: a resume checks both
+            local = dataclasses.replace(
+                local,
+                statement={**local.statement, "rank": self.world.rank},
+                meta={
+                    **local.meta,
+                    RANK_SNAPSHOT: {"rank": self.world.rank, "world_size": self.world.size},
+                },
+            )
         skipped, self.skipped = self.skipped, 0
         if self._staging is None or self._snapshots is None:
             self._recheck()
@@ -291,6 +278,8 @@ class LocalTier:
         )
         if then is not None:
             then(local.final, mf, write_s if pause is None else pause)
+        if self.peers is not None:
+            self.peers.replicate(local.step, local.final, self._pinned)
 
     def save(self, job: SaveJob, state: TrainState, *, waited: float) -> float:
         """Snapshot ``job``'s step locally, then promote it to ``job.final`` in the background;
@@ -334,12 +323,15 @@ class LocalTier:
             CommitError, StorageError, VerificationError: one failed.
         """
         waited = self._snapshots.wait() if self._snapshots is not None else 0.0
+        waited += self.peers.wait() if self.peers is not None else 0.0
         return waited + self._writer.wait()
 
     def raise_if_failed(self) -> None:
         """Raise a finished snapshot write's or promotion's failure, once."""
         if self._snapshots is not None:
             self._snapshots.raise_if_failed()
+        if self.peers is not None:
+            self.peers.raise_if_failed()
         self._writer.raise_if_failed()
 
     def close(self, persisted: int | None) -> float:
@@ -361,22 +353,15 @@ class LocalTier:
             # only a step that reached the persistent tier lets the snapshots go: after a
             # failed promotion or snapshot write they can be the newest state's only copy
             held = self.held()
-            if persisted is not None and (not held or held[-1][0] <= persisted):
+            done = persisted is not None and (not held or held[-1][0] <= persisted)
+            if self.peers is not None:
+                self.peers.close(remove=done)
+            if done:
                 self._remove()
         finally:
             if self._private is not None:
                 self._private.close()
         return time.perf_counter() - started
-
-    def _remove(self) -> None:
-        try:
-            self.check()  # never delete through a directory swapped in since
-        except RecoveryError as err:
-            log.warning("not removing the local tier's directory: %s", err)
-            return
-        shutil.rmtree(self.dir, ignore_errors=True)
-        with contextlib.suppress(OSError):  # the run's one above it, once no rank uses it
-            self.dir.parent.rmdir()
 
     def _recheck(self) -> None:
         """Once a snapshot committed, the RAM check again with its real size (a fresh run's
@@ -388,4 +373,10 @@ class LocalTier:
         if self._rechecked or not self.snapshot_bytes:
             return
         self._rechecked = True
-        tiers.fit(self.dir, self.snapshot_bytes, [p for _, p in self.held()], staging=0)
+        held = [p for _, p in self.held()]
+        tiers.fit(self.dir, self.snapshot_bytes, held, staging=0, copies=self._copies())
+
+    def _copies(self) -> int:
+        """The snapshot-sized copies this rank keeps at most: its own (:data:`~recovery.run.
+        tiers.HELD`) and its peers' (:meth:`~recovery.run.peertier.Peers.copies`)."""
+        return tiers.HELD + (self.peers.copies() if self.peers is not None else 0)

@@ -11,7 +11,7 @@ from __future__ import annotations
 
 import logging
 import os
-from collections.abc import Callable, Mapping
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -23,7 +23,7 @@ from recovery.errors import (
     PurposeError,
 )
 from recovery.format import bounded
-from recovery.format.layout import CONFIG_FILE, DISTRIBUTED
+from recovery.format.layout import CONFIG_FILE, DISTRIBUTED, RANK_SNAPSHOT
 from recovery.integrity.signing import TrustStore
 from recovery.parallel import loading, sharded
 from recovery.parallel import world as distributed
@@ -132,7 +132,8 @@ def resume_from(
         )
     absent = {str(k): str(v) for k, v in (rec.get("absent") or {}).items()}
     resharded = None
-    if world.distributed or DISTRIBUTED in loaded.decoded.meta:
+    meta = loaded.decoded.meta
+    if world.distributed or DISTRIBUTED in meta or RANK_SNAPSHOT in meta:
         if problems := state.absence_mismatches(absent, loaded.components):
             raise IncompatibleStateError(
                 f"{loaded.path} does not fit this run:\n  " + "\n  ".join(problems),
@@ -249,11 +250,15 @@ def choose(
     strict: bool,
     defer: Callable[[str], bool] | None = None,
     exclude: Mapping[Path, str] | None = None,
-    local: Path | None = None,
+    local: Sequence[tuple[int, Path]] | None = None,
 ) -> tuple[resume.Loaded | None, str | None, history.History]:
     """The checkpoint to resume (:func:`recovery.run.resume.select`, checked against the
     run's journal, whose steering events count when sealed by a key in ``events_trust``),
     the same on every rank. ``defer``, ``exclude``, ``local``: as ``select``'s.
+
+    Under torchrun, when the ranks chose different steps and some took a ``local``
+    snapshot (another rank's of that step did not verify), every rank passes its ``local``
+    ones over (added to ``exclude``) and chooses again.
 
     Returns:
         The checkpoint (``None``: start fresh); the run id it replaces when ``spec``
@@ -264,18 +269,28 @@ def choose(
         as :func:`recovery.run.resume.select`; RecoveryError: the ranks chose differently.
     """
     past = history.read(journal, events_trust)
-    loaded = resume.select(
-        run_dir,
-        spec,
-        trust,
-        allow_untrusted=allow_untrusted,
-        history=past,
-        strict=strict,
-        defer=defer,
-        exclude=exclude,
-        local=local,
-    )
-    step = loaded.decoded.step if loaded is not None else -1
+    excluded = dict(exclude or {})
+    while True:
+        loaded = resume.select(
+            run_dir,
+            spec,
+            trust,
+            allow_untrusted=allow_untrusted,
+            history=past,
+            strict=strict,
+            defer=defer,
+            exclude=excluded,
+            local=local,
+        )
+        step = loaded.decoded.step if loaded is not None else -1
+        if local is None or loading.same_step(step):
+            break
+        took = loaded is not None and loaded.path in {p for _, p in local}
+        if not distributed.any_of(took)[0]:
+            break  # not the local tier's doing: agree_on_resume says so
+        why = f"another rank could not resume its local snapshot of step {local[-1][0]}"
+        log.warning("RESUME FALLBACK: passing over this rank's local snapshots: %s", why)
+        excluded.update({p: why for _, p in local})
     loading.agree_on_resume(step, loaded.path if loaded else None, run_dir)
     replaced = None
     if loaded is not None and history.foreign(past, loaded.manifest.recovery.get("run_id")):

@@ -161,6 +161,9 @@ class Restoring:
             # them; a damaged one fails the load on every rank (DCP gathers the failures)
             defer = is_dcp_shard if self.world.distributed else None
             damaged: dict[Path, str] = {}
+            local = None  # the local tier's candidates (under torchrun: collective)
+            if self.local is not None and latest:
+                local = self.local.candidates(self.trust, self.allow_untrusted)
             while True:
                 loaded, replaced, past = begin.choose(
                     self.run_dir,
@@ -172,7 +175,7 @@ class Restoring:
                     strict=self.cfg.strict_resume,
                     defer=defer,
                     exclude=damaged,
-                    local=self.local.dir if self.local is not None else None,
+                    local=local,
                 )
                 if loaded is None:
                     break
@@ -194,8 +197,10 @@ class Restoring:
             if self.local is not None:
                 self.local.refuse_reuse()
         self.differential.forget()  # a candidate that was adopted, then not resumed
+        # one id for the job: every rank's local snapshots carry it (rank 0's, as its commits)
+        run_id = distributed.broadcast_text(self.run_id) if self.world.distributed else self.run_id
         self.identity, event = begin.new_run(
-            state, init_from, self.run_id, self.trust, self.allow_untrusted, root=self.root
+            state, init_from, run_id, self.trust, self.allow_untrusted, root=self.root
         )
         self._event({**event, **({"absent": state.absent} if state.absent else {})})
         return 0

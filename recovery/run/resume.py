@@ -23,7 +23,7 @@ import difflib
 import logging
 import os
 import re
-from collections.abc import Callable, Mapping
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
@@ -178,14 +178,14 @@ def select(
     key: str = "+resume",
     defer: Callable[[str], bool] | None = None,
     exclude: Mapping[Path, str] | None = None,
-    local: Path | None = None,
+    local: Sequence[tuple[int, Path]] | None = None,
 ) -> Loaded | None:
     """The checkpoint ``spec`` names in ``run_dir``, verified and decoded.
 
     ``defer`` names files verified only when read (see :func:`load`); ``exclude``
     (``latest`` only): checkpoints already found damaged by such a read, with why;
-    ``local`` (``latest`` only): the run's local-tier directory, whose snapshots are
-    candidates too (:func:`recovery.run.tiers.order`: newest step first, local first).
+    ``local`` (``latest`` only): the local tier's snapshots, ``(step, path)``, candidates
+    too (:func:`recovery.run.tiers.order`: newest step first, local first).
 
     With ``latest``, the run's own ``history`` (its journal) is checked too: a
     checkpoint another run wrote is passed over (``SUBSTITUTION``), and
@@ -263,12 +263,11 @@ def _latest(
     strict: bool,
     defer: Callable[[str], bool] | None,
     exclude: Mapping[Path, str],
-    local: Path | None = None,
+    local: Sequence[tuple[int, Path]] | None = None,
 ) -> Loaded | None:
     skipped: list[tuple[Path, str]] = []
     foreign: list[ForeignCheckpointError] = []
-    held = scan(local).committed if local is not None else []
-    for candidate in tiers.order(candidates(run_dir), held):
+    for candidate in tiers.order(candidates(run_dir), local or []):
         path = candidate.path
         if path in exclude:
             skipped.append((path, exclude[path]))

@@ -80,6 +80,9 @@ class Inline:
     def __init__(self, signer: Signer, committed: Committed) -> None:
         self.signer = signer
         self.committed = committed
+        self.persisted: int | None = None
+        """The newest step this saver saw committed on every rank (:class:`Ranks`: where
+        ``committed`` runs on rank 0 only)."""
 
     def save(self, job: SaveJob, state: TrainState, *, waited: float, sync: bool = False) -> float:
         """Write ``job`` from ``state``; return the seconds the training thread was held.
@@ -265,6 +268,7 @@ class Ranks(Inline):
         multirank.save(
             parts, job.final, self.world, job.step, strategy=self.strategy, commit=leader, comm=comm
         )
+        self.persisted = job.step  # every rank: rank 0 said it committed
 
 
 class RanksBackground(Ranks, Background):

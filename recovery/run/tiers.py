@@ -127,13 +127,13 @@ def newer(held: Sequence[tuple[int, Path]], step: int) -> list[Path]:
     return [p for s, p in held if s > step]
 
 
-def room(snapshot_bytes: int, available: int) -> str | None:
-    """Why :data:`HELD` snapshots of ``snapshot_bytes`` do not fit in ``available`` bytes
-    (``None``: they fit)."""
-    need = HELD * snapshot_bytes
+def room(snapshot_bytes: int, available: int, copies: int = HELD) -> str | None:
+    """Why ``copies`` snapshots of ``snapshot_bytes`` (:data:`HELD`, and peers' copies under
+    torchrun) do not fit in ``available`` bytes (``None``: they fit)."""
+    need = copies * snapshot_bytes
     if need <= available:
         return None
-    return f"needs {_mb(need)} ({HELD} snapshots of {_mb(snapshot_bytes)}), {_mb(available)} free"
+    return f"needs {_mb(need)} ({copies} snapshots of {_mb(snapshot_bytes)}), {_mb(available)} free"
 
 
 RAM_FILESYSTEMS = frozenset({"tmpfs", "ramfs"})
@@ -230,8 +230,10 @@ def size(path: Path) -> int:
     return sum(f.stat().st_size for f in path.rglob("*") if f.is_file() and not f.is_symlink())
 
 
-def fit(where: Path, snapshot_bytes: int, held: Sequence[Path], *, staging: int) -> int:
-    """Refuse (:func:`check_room`) when :data:`HELD` snapshots of ``snapshot_bytes`` do not
+def fit(
+    where: Path, snapshot_bytes: int, held: Sequence[Path], *, staging: int, copies: int = HELD
+) -> int:
+    """Refuse (:func:`check_room`) when ``copies`` snapshots of ``snapshot_bytes`` do not
     fit the room at ``where`` (:func:`available`, the snapshots ``held`` there counted as
     free); return that room.
 
@@ -240,17 +242,17 @@ def fit(where: Path, snapshot_bytes: int, held: Sequence[Path], *, staging: int)
     """
     free, ram = shutil.disk_usage(where).free, ram_available(where)
     room = available(free, ram, sum(size(p) for p in held), staging)
-    check_room(where, snapshot_bytes, room)
+    check_room(where, snapshot_bytes, room, copies)
     return room
 
 
-def check_room(where: Path, snapshot_bytes: int, available: int) -> None:
+def check_room(where: Path, snapshot_bytes: int, available: int, copies: int = HELD) -> None:
     """Refuse a local tier that would not fit (:func:`room`), in one line.
 
     Raises:
         StorageError: it does not fit.
     """
-    why = room(snapshot_bytes, available)
+    why = room(snapshot_bytes, available, copies)
     if why is not None:
         raise StorageError(
             f"checkpoint.local.root: the local tier in {where} {why}; free RAM (or /dev/shm's "
@@ -259,16 +261,18 @@ def check_room(where: Path, snapshot_bytes: int, available: int) -> None:
         )
 
 
-def check_supported(*, distributed: bool, differential: bool) -> None:
+def check_supported(*, distributed: bool, strategy: str, differential: bool) -> None:
     """Refuse what the local tier does not implement yet, by name.
 
     Raises:
-        ConfigError: torchrun or differential checkpoints with ``checkpoint.local.every_steps``.
+        ConfigError: sharded (FSDP2) training under torchrun, or differential checkpoints,
+            with ``checkpoint.local.every_steps``.
     """
-    if distributed:
+    if distributed and strategy != "ddp":
         raise ConfigError(
-            "checkpoint.local.every_steps is not supported under torchrun yet (peer replicas "
-            "are not built); set checkpoint.local.every_steps=0"
+            f"checkpoint.local.every_steps is not supported with dist.strategy={strategy} "
+            "yet (a rank's snapshot holds replicated state only); use dist.strategy=ddp "
+            "or set checkpoint.local.every_steps=0"
         )
     if differential:
         raise ConfigError(

@@ -10,7 +10,7 @@ import torch
 from recovery.config import LocalConfig
 from recovery.errors import ConfigError, RunDirInUseError, StorageError
 from recovery.format.layout import scan, step_dir_name
-from recovery.run import localtier, resume, tiers
+from recovery.run import resume, tiers
 from recovery.run.journal import read
 from recovery.run.tiers import LOCAL, PERSISTENT
 from tests.conftest import tiny_state, train_steps
@@ -117,10 +117,11 @@ def test_the_local_directory_is_per_run_directory_and_rank(tmp_path):
 
 
 def test_refused_with_what_it_does_not_support_yet():
-    with pytest.raises(ConfigError, match="checkpoint.local.every_steps is not supported under"):
-        tiers.check_supported(distributed=True, differential=False)
+    with pytest.raises(ConfigError, match="not supported with dist.strategy=fsdp yet"):
+        tiers.check_supported(distributed=True, strategy="fsdp", differential=False)
+    tiers.check_supported(distributed=True, strategy="ddp", differential=False)
     with pytest.raises(ConfigError, match="checkpoint.differential"):
-        tiers.check_supported(distributed=False, differential=True)
+        tiers.check_supported(distributed=False, strategy="ddp", differential=True)
     with pytest.raises(ConfigError, match="checkpoint.local.every_steps"):
         LocalConfig(every_steps=-1)
 
@@ -194,9 +195,9 @@ def test_a_local_tier_that_would_not_fit_is_refused_in_one_line_before_the_first
     tmp_path, signer, trust, prov, monkeypatch
 ):
     ck = checkpointer(tmp_path, signer, trust, prov)
-    real = localtier.shutil.disk_usage
+    real = tiers.shutil.disk_usage
     monkeypatch.setattr(
-        localtier.shutil, "disk_usage", lambda p: real(p)._replace(free=1000)
+        tiers.shutil, "disk_usage", lambda p: real(p)._replace(free=1000)
     )  # a /dev/shm of 1000 bytes
     with pytest.raises(StorageError, match=r"^checkpoint.local.root: the local tier in .* needs"):
         ck.restore(tiny_state(), "latest")

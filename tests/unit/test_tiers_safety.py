@@ -15,7 +15,7 @@ from recovery import faults
 from recovery.errors import CommitError, StorageError, UnsafePathError
 from recovery.format.layout import TEMP_MARK, scan, step_dir_name
 from recovery.integrity.private import PrivateDir
-from recovery.run import localtier, resume, retention, tiers
+from recovery.run import resume, retention, tiers
 from recovery.run.journal import read
 from recovery.storage import tracking
 from tests.conftest import tiny_state, train_steps
@@ -197,8 +197,8 @@ def test_a_local_directory_swapped_after_it_was_made_is_refused(tmp_path):
 
 
 def test_a_refused_start_leaves_no_directory_it_made(tmp_path, signer, trust, prov, monkeypatch):
-    real = localtier.shutil.disk_usage
-    monkeypatch.setattr(localtier.shutil, "disk_usage", lambda p: real(p)._replace(free=1000))
+    real = tiers.shutil.disk_usage
+    monkeypatch.setattr(tiers.shutil, "disk_usage", lambda p: real(p)._replace(free=1000))
     _refused(tmp_path, signer, trust, prov, StorageError, "needs")
     # the per-user root stays (another run of this user's may be making its directory in it)
     assert list((tmp_path / "shm").iterdir()) == []
@@ -236,10 +236,10 @@ def test_the_ram_check_runs_again_with_the_first_snapshot_s_real_size(
 ):
     """A fresh run's Adam state appears at its first step: the start-up estimate is short."""
     ck = checkpointer(tmp_path, signer, trust, prov, final=12)
-    real = localtier.shutil.disk_usage
+    real = tiers.shutil.disk_usage
     room = {"free": 1 << 40}
     monkeypatch.setattr(
-        localtier.shutil, "disk_usage", lambda p: real(p)._replace(free=room["free"])
+        tiers.shutil, "disk_usage", lambda p: real(p)._replace(free=room["free"])
     )
     state = tiny_state(width=256)
     ck.restore(state, "latest")

@@ -1,0 +1,124 @@
+"""Sending a committed snapshot directory from one rank to another over a process group.
+
+The bytes travel as they are on disk (uint8 tensors: gloo carries tensors, never a pickled
+object) and land in a temp directory that is renamed into place once every file is
+written, so a receiver killed part-way leaves only a temp name (removed at the next
+start). Nothing is verified on receipt: a copy is verified, signature and every digest,
+when a resume reads it, as any snapshot is (:func:`recovery.run.resume.load`).
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import shutil
+from collections.abc import Sequence
+from pathlib import Path, PurePosixPath
+
+import numpy as np
+import torch
+import torch.distributed as dist
+
+from recovery.errors import CommitError
+from recovery.format.layout import temp_dir_for
+from recovery.integrity import reaping
+from recovery.integrity.reaping import fsync_dir
+
+Group = dist.ProcessGroup | None
+_TAGS = 1 << 16
+"""Tags per peer: a round's messages to one peer are told apart by their tag."""
+
+
+def listing(path: Path) -> list[tuple[str, int]]:
+    """The files under ``path`` (relative POSIX names, sizes), in name order."""
+    found = [f for f in path.rglob("*") if f.is_file() and not f.is_symlink()]
+    return sorted((f.relative_to(path).as_posix(), f.stat().st_size) for f in found)
+
+
+def check_names(names: Sequence[tuple[str, int]], src: int) -> None:
+    """Refuse a peer's file list that would write outside the directory it is written into.
+
+    Raises:
+        CommitError: an absolute, empty or non-canonical name, a ``..``, or a negative size.
+    """
+    for name, size in names:
+        path = PurePosixPath(name)
+        canonical = bool(name) and path.as_posix() == name and not path.is_absolute()
+        if not canonical or ".." in path.parts or size < 0:
+            raise CommitError(f"rank {src} sent a snapshot file named {name!r} ({size} bytes)")
+
+
+def _header(path: Path) -> tuple[torch.Tensor, torch.Tensor, list[tuple[str, int]]]:
+    names = listing(path)
+    raw = json.dumps(names).encode()
+    return torch.tensor([len(raw)], dtype=torch.int64), _bytes(raw), names
+
+
+def _bytes(raw: bytes) -> torch.Tensor:
+    return torch.frombuffer(bytearray(raw), dtype=torch.uint8) if raw else torch.empty(0)
+
+
+def _read(path: Path) -> torch.Tensor:
+    return torch.from_numpy(np.fromfile(path, dtype=np.uint8))
+
+
+def exchange(
+    send: Sequence[tuple[Path, int]], receive: Sequence[tuple[int, Path]], *, group: Group
+) -> list[Path]:
+    """Send each ``(directory, rank)`` of ``send`` and receive each ``(rank, final)`` of
+    ``receive`` at once (every sender and receiver of a round calls it with the pairs it
+    takes part in); each received directory is committed at its ``final`` path (an older
+    one there is replaced). Returns the received paths.
+
+    Raises:
+        CommitError: a peer sent an unsafe file name.
+        RuntimeError (torch.distributed): a peer is gone.
+    """
+    pending = []
+    headers = [_header(path) for path, _ in send]
+    for k, ((_, dst), (length, raw, _)) in enumerate(zip(send, headers, strict=True)):
+        pending.append(dist.isend(length, dst, group=group, tag=k * _TAGS))
+        if raw.numel():
+            pending.append(dist.isend(raw, dst, group=group, tag=k * _TAGS + 1))
+    for k, ((path, dst), (_, _, names)) in enumerate(zip(send, headers, strict=True)):
+        for i, (name, size) in enumerate(names):
+            if size:
+                tensor = _read(path / name)
+                pending.append(dist.isend(tensor, dst, group=group, tag=k * _TAGS + 2 + i))
+    received = [_receive(src, final, k, group) for k, (src, final) in enumerate(receive)]
+    for work in pending:
+        if work is not None:
+            work.wait()
+    return received
+
+
+def _receive(src: int, final: Path, k: int, group: Group) -> Path:
+    length = torch.empty(1, dtype=torch.int64)
+    dist.recv(length, src, group=group, tag=k * _TAGS)
+    raw = torch.empty(int(length.item()), dtype=torch.uint8)
+    if raw.numel():
+        dist.recv(raw, src, group=group, tag=k * _TAGS + 1)
+    names = [(str(n), int(s)) for n, s in json.loads(bytes(raw.numpy()).decode() or "[]")]
+    check_names(names, src)
+    tmp = temp_dir_for(final)
+    tmp.mkdir(parents=True, mode=0o700)
+    try:
+        for i, (name, size) in enumerate(names):
+            buf = torch.empty(size, dtype=torch.uint8)
+            if size:
+                dist.recv(buf, src, group=group, tag=k * _TAGS + 2 + i)
+            target = tmp / name
+            target.parent.mkdir(parents=True, exist_ok=True, mode=0o700)
+            fd = os.open(target, os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW, 0o600)
+            with os.fdopen(fd, "wb") as out:
+                out.write(buf.numpy().data)
+                out.flush()
+                os.fsync(out.fileno())
+        if final.exists():
+            reaping.discard(final)
+        os.rename(tmp, final)
+        fsync_dir(final.parent)
+    except BaseException:
+        shutil.rmtree(tmp, ignore_errors=True)
+        raise
+    return final

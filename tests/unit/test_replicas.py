@@ -1,0 +1,211 @@
+"""Peer replicas of the local tier under torchrun: the placement and restore policies
+(table tests), and snapshot directories sent between two real gloo ranks."""
+
+from __future__ import annotations
+
+import os
+import shutil
+from pathlib import Path
+
+import pytest
+import torch
+import torch.multiprocessing as mp
+
+from recovery.config import CheckpointConfig, LocalConfig
+from recovery.errors import CommitError, ConfigError
+from recovery.parallel import replicas, transfer
+from recovery.parallel.world import World
+from recovery.run.checkpointer import Checkpointer
+from recovery.run.journal import Journal
+from tests.conftest import tiny_state, train_steps
+from tests.unit.test_distributed import _free_port
+
+
+@pytest.mark.parametrize(
+    ("replicas_", "space", "world", "offsets"),
+    [
+        (1, 1, 2, [1]),
+        (1, 4, 8, [4]),  # 4 ranks a node: the same local rank of the next node
+        (3, 2, 8, [2, 4, 6]),
+        (0, 1, 2, []),
+        (1, 3, 4, [3]),
+    ],
+)
+def test_copies_go_to_distinct_other_ranks(replicas_, space, world, offsets):
+    assert replicas.offsets(replicas_, space, world) == offsets
+
+
+@pytest.mark.parametrize(
+    ("replicas_", "space", "world", "most"),
+    [(1, 2, 2, 0), (2, 1, 2, 1), (2, 4, 8, 1), (4, 2, 8, 3)],
+)
+def test_copies_on_their_own_rank_or_doubled_are_refused_with_what_fits(
+    replicas_, space, world, most
+):
+    with pytest.raises(ConfigError, match=f"checkpoint.local.replicas at most {most} "):
+        replicas.offsets(replicas_, space, world)
+
+
+def test_destinations_and_sources_are_inverse():
+    offs = replicas.offsets(2, 2, 6)
+    for rank in range(6):
+        for k, dst in enumerate(replicas.destinations(rank, 6, offs)):
+            assert replicas.sources(dst, 6, offs)[k] == rank
+    assert (
+        replicas.spacing(0, 4) == 4 and replicas.spacing(3, 4) == 3 and replicas.spacing(0, 0) == 1
+    )
+
+
+@pytest.mark.parametrize(
+    ("name", "owner"),
+    [("rank0", (0, False)), ("replica-rank12", (12, True)), ("rank", None), ("step-1", None)],
+)
+def test_a_directory_name_says_whose_snapshots_it_holds(name, owner):
+    assert replicas.owner_of(name) == owner
+
+
+@pytest.mark.parametrize(
+    ("listings", "world", "step", "holders"),
+    [
+        # each node its own rank's snapshots and a copy of the other's
+        ([{0: [30, 33], 1: [33]}, {1: [30, 33], 0: [33]}], 2, 33, {0: 0, 1: 1}),
+        # node of rank 1 lost: rank 0 holds both, rank 1 receives its own
+        ([{0: [33], 1: [33]}, {}], 2, 33, {0: 0, 1: 0}),
+        # the newest step is not whole (rank 1's 36 lost with its copy): the one before
+        ([{0: [33, 36], 1: [33]}, {1: [33]}], 2, 33, {0: 0, 1: 1}),
+        # ranks moved nodes: rank 1 sees rank 0's snapshot, rank 0 sees rank 1's
+        ([{1: [9]}, {0: [9]}], 2, 9, {0: 1, 1: 0}),
+        # two ranks on one node see the same files: the owner first, else the lowest
+        (
+            [{0: [6], 1: [6], 2: [6]}, {0: [6], 1: [6], 2: [6]}, {}, {3: [6]}],
+            4,
+            6,
+            {0: 0, 1: 1, 2: 0, 3: 3},
+        ),
+    ],
+)
+def test_the_newest_step_every_rank_can_restore_and_who_gives_it(listings, world, step, holders):
+    plan = replicas.newest_complete(listings, world)
+    assert plan is not None and (plan.step, plan.holders) == (step, holders)
+    assert plan.transfers() == sorted((o, h) for o, h in holders.items() if o != h)
+
+
+@pytest.mark.parametrize("listings", [[{0: [33]}, {}], [{}, {}], [{0: [3], 1: [6]}, {0: [6]}]])
+def test_no_step_is_whole(listings):
+    plan = replicas.newest_complete(listings, 2)
+    assert plan is None or plan.step == 6  # the last case: 6 is whole, 3 is not
+    if listings[0].get(1) is None:
+        assert plan is None
+
+
+def test_replica_keys_are_validated():
+    with pytest.raises(ConfigError, match="checkpoint.local.replicas: must be >= 0"):
+        LocalConfig(every_steps=2, replicas=-1)
+    with pytest.raises(ConfigError, match="checkpoint.local.replica_spacing: must be >= 0"):
+        LocalConfig(every_steps=2, replica_spacing=-2)
+
+
+@pytest.mark.parametrize("name", ["/etc/passwd", "../x", "a/../../x", "", "a//b"])
+def test_a_peers_file_name_outside_the_snapshot_is_refused(name):
+    with pytest.raises(CommitError, match="rank 3 sent a snapshot file named"):
+        transfer.check_names([(name, 1)], 3)
+
+
+def _ring(rank: int, port: int, root: str) -> None:
+    os.environ.update(MASTER_ADDR="127.0.0.1", MASTER_PORT=str(port))
+    torch.distributed.init_process_group("gloo", rank=rank, world_size=2)
+    try:
+        mine = Path(root) / f"rank{rank}" / "step-00000003"
+        peer = 1 - rank
+        got = transfer.exchange(
+            [(mine, peer)],
+            [(peer, Path(root) / f"replica-rank{peer}" / "step-00000003")],
+            group=None,
+        )
+        assert got == [Path(root) / f"replica-rank{peer}" / "step-00000003"]
+    finally:
+        torch.distributed.destroy_process_group()
+
+
+def test_two_ranks_send_each_other_their_snapshot_at_once(tmp_path):
+    for rank in (0, 1):
+        snap = tmp_path / f"rank{rank}" / "step-00000003"
+        (snap / "sub").mkdir(parents=True)
+        (snap / "model.safetensors").write_bytes(os.urandom(300_000 + rank))
+        (snap / "sub" / "empty").write_bytes(b"")
+        (snap / "model.sig").write_text(f"signed by {rank}")
+        (tmp_path / f"replica-rank{rank}" / "step-00000003").mkdir(parents=True)  # replaced
+    mp.start_processes(_ring, args=(_free_port(), str(tmp_path)), nprocs=2, start_method="fork")
+    for rank in (0, 1):
+        sent, copy = tmp_path / f"rank{rank}" / "step-00000003", tmp_path / f"replica-rank{rank}"
+        assert transfer.listing(copy / "step-00000003") == transfer.listing(sent)
+        for name, _ in transfer.listing(sent):
+            assert (copy / "step-00000003" / name).read_bytes() == (sent / name).read_bytes()
+        assert [p.name for p in copy.iterdir()] == ["step-00000003"]  # no temp left
+
+
+def _tiered_rank(rank: int, port: int, tmp: str, steps: int, out: str, keys: tuple) -> None:
+    """One rank of a two-rank job with a local tier (each rank its own node-local root,
+    copies on the other rank): restore ``latest``, train to ``steps``, close; the step it
+    started from and its parameters go to ``out.<rank>``."""
+    os.environ.update(MASTER_ADDR="127.0.0.1", MASTER_PORT=str(port))
+    torch.distributed.init_process_group("gloo", rank=rank, world_size=2)
+    try:
+        state = tiny_state()
+        local = LocalConfig(every_steps=2, root=str(Path(tmp) / f"shm{rank}"))
+        cfg = CheckpointConfig(root=tmp, every_steps=6, keep_last=2, local=local)
+        ck = Checkpointer(
+            cfg,
+            Path(tmp) / "run",
+            final_step=12,
+            journal=Journal(Path(tmp) / "run" / "metrics.jsonl" if rank == 0 else None),
+            signer=keys[0],
+            trust=keys[1],
+            provenance={"seed": 0},
+            config={"seed": 0},
+            world=World(rank=rank, size=2, distributed=True),
+            strategy="ddp",
+        )
+        start = ck.restore(state, "latest")
+        for step in range(start + 1, steps + 1):
+            train_steps(state, 1)
+            ck.maybe_save(state, step)
+        ck.close()
+        params = [t.tolist() for t in state.components["model"].parameters()]
+        Path(f"{out}.{rank}").write_text(repr([start, params]))
+    finally:
+        torch.distributed.destroy_process_group()
+
+
+def _run_tiered(tmp: Path, steps: int, keys: tuple) -> list:
+    out = str(tmp / f"out-{steps}")
+    args = (_free_port(), str(tmp), steps, out, keys)  # forked: the objects as they are
+    mp.start_processes(_tiered_rank, args=args, nprocs=2, start_method="fork")
+    return [eval(Path(f"{out}.{rank}").read_text()) for rank in (0, 1)]  # our own repr
+
+
+@pytest.mark.parametrize("damaged", [False, True], ids=["copy", "damaged-copy"])
+def test_a_rank_whose_node_lost_its_ram_resumes_from_its_peers_copy(
+    tmp_path, signer, trust, damaged
+):
+    """Two ranks (forked, gloo), each its own local root: snapshots every 2 steps, sent to
+    the other rank; persistent every 6. Stopped after step 9 (snapshot 8, persistent 6),
+    rank 1's root wiped: both resume from step 8, rank 1's snapshot sent back from rank
+    0's copy, and end where an uninterrupted run ends. The copy damaged (a flipped byte):
+    rank 1's verification refuses it, and both ranks pass step 8 over to persistent 6."""
+    reference = tiny_state()
+    train_steps(reference, 12)
+    expected = [t.tolist() for t in reference.components["model"].parameters()]
+    _run_tiered(tmp_path, 9, (signer, trust))
+    [run] = (tmp_path / "shm0").iterdir()
+    assert sorted(p.name for p in run.iterdir()) == ["rank0", "replica-rank1"]
+    assert [p.name for p in (run / "replica-rank1").iterdir()] == ["step-00000008"]
+    shutil.rmtree(tmp_path / "shm1")
+    if damaged:
+        victim = run / "replica-rank1" / "step-00000008" / "model.safetensors"
+        raw = bytearray(victim.read_bytes())
+        raw[-1] ^= 1
+        victim.write_bytes(bytes(raw))
+    got = _run_tiered(tmp_path, 12, (signer, trust))
+    assert [start for start, _ in got] == ([6, 6] if damaged else [8, 8])
+    assert all(params == expected for _, params in got)
