@@ -56,9 +56,13 @@ Design (issue 30):
   is skipped (counted), never waited for, unless its step is to be promoted.
 - **Interval per tier.** :func:`plan` (``recovery plan --local-cost``): Young/Daly for
   each tier's cost and the failures only it recovers from.
-- **Not built yet:** peer replicas under torchrun (the local tier is refused
-  there), differential snapshots (refused together), and an automatic local
-  interval at run time (``checkpoint.local.every_steps`` is fixed).
+- **Under torchrun** (``dist.strategy=ddp``): each rank snapshots its own state and
+  peers hold copies of it, so a lost node's ranks restore from RAM too
+  (:mod:`recovery.run.peertier`); persistent checkpoints are the collective save, not
+  promoted.
+- **Not built yet:** FSDP2 under torchrun and differential snapshots (both refused
+  together with the tier), promotion under torchrun, and an automatic local interval at
+  run time (``checkpoint.local.every_steps`` is fixed).
 """
 
 from __future__ import annotations
