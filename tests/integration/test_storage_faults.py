@@ -52,15 +52,12 @@ def train(
     unprivileged: bool = False, **kw,
 ):  # fmt: skip
     """train.py (``unprivileged``: without the permission-bypassing capabilities, for a
-    test of permission bits); returns the started process. Without a file-size limit or
-    ``setpriv`` it starts from the preloaded launcher, otherwise in a fresh interpreter."""
+    test of permission bits); returns the started process. Without ``setpriv`` it starts
+    from the preloaded launcher (a file-size limit set by the child on itself), otherwise
+    in a fresh interpreter."""
     env = {**os.environ, KEY_ENV: str(signer.path), **kw.pop("env", {})}
-
-    def limit() -> None:
-        resource.setrlimit(resource.RLIMIT_FSIZE, (fsize, fsize))
-
-    if fsize is not None:
-        kw["preexec_fn"] = limit
+    if fsize is not None:  # set by the child on itself, as a preexec_fn would
+        kw["rlimits"] = {resource.RLIMIT_FSIZE: (fsize, fsize)}
     return launcher.Popen(
         [*(UNPRIVILEGED if unprivileged else []), sys.executable, str(TRAIN),
          f"checkpoint.root={root}", f"recipe.data.root={data}", *SMALL,

@@ -160,12 +160,13 @@ def root_for(
     entries = [first if kind == "script" else here]
     entries += [os.path.join(here, p) for p in env.get("PYTHONPATH", "").split(os.pathsep) if p]
     homes = set()
-    for entry in entries:
-        for name in OWN_PACKAGES:
+    for name in OWN_PACKAGES:
+        for entry in entries:  # the first entry holding it is where it is imported from
             copy = os.path.join(entry, name)
             if os.path.isfile(os.path.join(copy, "__init__.py")):
                 homes.add(os.path.dirname(os.path.realpath(copy)))
-            elif os.path.isdir(copy) or os.path.exists(copy + ".py"):
+                break
+            if os.path.isdir(copy) or os.path.exists(copy + ".py"):
                 return None  # a module or namespace package of that name: not the project's
     if len(homes) > 1:
         return None  # some of the project's packages from one place, some from another

@@ -60,10 +60,13 @@ class Forked:
         stderr: Any = None,
         text: bool = False,
         start_new_session: bool = False,
+        rlimits: dict[int, tuple[int, int]] | None = None,
         srv: Server | None = None,
         serve: tuple[str, str] | None = None,
     ) -> None:
-        """``srv``: the server to run it (by default this checkout's ``full`` one);
+        """``rlimits``: resource limits the child sets on itself before it runs the
+        command (``{resource.RLIMIT_FSIZE: (soft, hard)}``, as a ``preexec_fn`` would);
+        ``srv``: the server to run it (by default this checkout's ``full`` one);
         ``serve``: instead of ``args``, become the server of a copy of the project
         ``(root, socket)``."""
         srv = srv or server()
@@ -91,6 +94,7 @@ class Forked:
                 "env": dict(os.environ if env is None else env),
                 "cwd": os.path.abspath(cwd) if cwd is not None else os.getcwd(),
                 "new_session": start_new_session,
+                "rlimits": [[k, *v] for k, v in (rlimits or {}).items()],
                 "profile": srv.profile,
                 "root": str(srv.root),
                 "server": srv.path,
@@ -219,11 +223,26 @@ def _server_for(args: Any, kwargs: dict[str, Any], profile: str) -> Server | Non
 
 
 def Popen(args: list[str], **kwargs: Any) -> Any:
-    """:class:`Forked` where the launcher can run ``args``, else :class:`subprocess.Popen`."""
+    """:class:`Forked` where the launcher can run ``args``, else :class:`subprocess.Popen`
+    (``rlimits`` then set by a ``preexec_fn``)."""
     srv = _server_for(args, kwargs, kwargs.pop("profile", "full"))
     if srv is not None:
         return Forked(list(args), srv=srv, **kwargs)
-    return subprocess.Popen(args, **kwargs)
+    return subprocess.Popen(args, **_fresh(kwargs))
+
+
+def _fresh(kwargs: dict[str, Any]) -> dict[str, Any]:
+    """``kwargs`` for :mod:`subprocess`: ``rlimits`` set by a ``preexec_fn``."""
+    limits = kwargs.pop("rlimits", None)
+    if limits:
+        import resource
+
+        def limit() -> None:
+            for which, pair in limits.items():
+                resource.setrlimit(which, pair)
+
+        kwargs["preexec_fn"] = limit
+    return kwargs
 
 
 def run(args: list[str], **kwargs: Any) -> subprocess.CompletedProcess[Any]:
@@ -239,7 +258,7 @@ def run(args: list[str], **kwargs: Any) -> subprocess.CompletedProcess[Any]:
         kwargs["stdin"] = subprocess.PIPE
     srv = _server_for(args, kwargs, profile)
     if srv is None:
-        return subprocess.run(args, input=data, timeout=timeout, check=check, **kwargs)
+        return subprocess.run(args, input=data, timeout=timeout, check=check, **_fresh(kwargs))
     with Forked(list(args), srv=srv, **kwargs) as proc:
         try:
             out, err = proc.communicate(data, timeout=timeout)
@@ -292,7 +311,7 @@ def patch_drills() -> None:
     patch(drill_runs)
 
 
-_KNOWN = {"env", "cwd", "stdin", "stdout", "stderr", "text", "start_new_session"}
+_KNOWN = {"env", "cwd", "stdin", "stdout", "stderr", "text", "start_new_session", "rlimits"}
 
 
 def _plain(kwargs: dict[str, Any]) -> bool:

@@ -21,6 +21,7 @@ _BASE_PATH = [p for p in sys.path[1:] if p != str(Path(__file__).parent)]
 sys.path.insert(0, str(Path(__file__).resolve().parents[2]))
 from tests import launcher as client  # noqa: E402
 from tests.launcher import servers as registry  # noqa: E402
+from tests.launcher import startup  # noqa: E402
 
 sys.path.pop(0)
 CORE_ABSENT, PROFILES, ROOT, TORCHRUN, _HEADER = (
@@ -32,34 +33,13 @@ CORE_ABSENT, PROFILES, ROOT, TORCHRUN, _HEADER = (
 )
 
 
-_ELASTIC_LOGGERS: set[str | None] = set()
-"""The loggers torchrun's modules set from ``LOGLEVEL`` as they were imported here."""
-
-
-def _track_elastic_loggers() -> None:
-    """Note each logger torchrun's modules set up from ``LOGLEVEL`` on import (its
-    ``get_logger``), so that a child given ``LOGLEVEL`` can set them as its import would."""
-    from torch.distributed.elastic.utils import logging as elastic
-
-    setup = elastic._setup_logger
-    if getattr(setup, "tracked", False):
-        return  # a copy's server: tracked by the server it was forked from
-
-    def tracked(name: str | None = None) -> Any:
-        _ELASTIC_LOGGERS.add(name)
-        return setup(name)
-
-    tracked.tracked = True  # type: ignore[attr-defined]
-    elastic._setup_logger = tracked
-
-
 def _preload(profile: str, root: Path) -> None:
     """Import ``profile``'s modules, the project's packages from ``root`` (this checkout
     or a copy of the project; a package the copy lacks comes from where it is installed,
     as in a fresh interpreter, and ``recipes``, installed nowhere, is then left out)."""
     import importlib
 
-    _track_elastic_loggers()
+    startup.track_elastic_loggers()
     sys.path.insert(1, str(root))  # the recipes package beside train.py
     for name in PROFILES[profile]:
         if name.split(".")[0] == "recipes" and not (root / "recipes").is_dir():
@@ -222,23 +202,12 @@ def _run(request: dict[str, Any], base_path: list[str]) -> None:
 
     if request["new_session"]:
         os.setsid()
+    startup.limit(request)
     os.chdir(request["cwd"])
     os.environ.clear()
     os.environ.update(request["env"])
     _stdio(bool(os.environ.get("PYTHONUNBUFFERED")))
-    threads = os.environ.get("OMP_NUM_THREADS", "")
-    if threads.isdigit() and int(threads) > 0:  # what torch's start-up takes from it
-        import torch
-
-        torch.set_num_threads(int(threads))
-    level = os.environ.get("LOGLEVEL")
-    if level:  # what torchrun's modules imported here would have set on import
-        import logging
-
-        for name in _ELASTIC_LOGGERS:
-            logging.getLogger(name).setLevel(level)
-    if os.environ.get(client.RECORD_ENV):
-        _record(Path(os.environ[client.RECORD_ENV]))
+    startup.apply_environment()
     random.seed()
     if "numpy.random" in sys.modules:
         sys.modules["numpy.random"].seed()
@@ -278,14 +247,6 @@ def _run(request: dict[str, Any], base_path: list[str]) -> None:
         main.__dict__["__builtins__"] = __builtins__
         sys.modules["__main__"] = main
         exec(compile(target, "<string>", "exec"), main.__dict__)
-
-
-def _record(directory: Path) -> None:
-    """Write this child's record (its start time and environment) into ``directory``."""
-    record = {"start": client.start_ticks(os.getpid()), "env": dict(os.environ)}
-    tmp = directory / f".{os.getpid()}.tmp"
-    tmp.write_text(json.dumps(record))
-    os.replace(tmp, directory / f"{os.getpid()}.json")
 
 
 def _serve_a_copy(root: Path, path: str, base_path: list[str]) -> None:

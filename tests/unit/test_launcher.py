@@ -5,6 +5,7 @@ working directory, streams — and what it cannot run goes to a real fresh inter
 from __future__ import annotations
 
 import os
+import resource
 import shutil
 import signal
 import subprocess
@@ -187,6 +188,18 @@ def test_loglevel_reaches_torchruns_loggers_and_a_record_keeps_a_childs_environm
     assert plain.stdout.strip() == "WARNING"  # torch's default, without LOGLEVEL
 
 
+def test_resource_limits_are_set_in_the_child_as_a_preexec_fn_sets_them():
+    code = "import resource; print(resource.getrlimit(resource.RLIMIT_FSIZE))"
+    limits = {resource.RLIMIT_FSIZE: (20_000, 20_000)}
+    forked = launcher.Popen([PY, "-c", code], stdout=subprocess.PIPE, text=True, rlimits=limits)
+    assert isinstance(forked, launcher.Forked)
+    assert forked.communicate(timeout=60)[0].strip() == "(20000, 20000)"
+    fresh = launcher.run(
+        ["/bin/sh", "-c", "ulimit -f"], capture_output=True, text=True, rlimits=limits
+    )
+    assert fresh.stdout.strip() == str(20_000 // 512)  # the shell counts 512-byte blocks
+
+
 RANK = """
 import os, sys, time, torch
 print(os.environ["RANK"], os.getpid(), torch.get_num_threads(), flush=True)
@@ -234,7 +247,7 @@ def test_killing_a_forked_torchrun_agent_ends_its_ranks(tmp_path):
 def test_a_copy_of_the_project_runs_its_own_code_from_a_server_of_its_own(tmp_path):
     """A command that would import a copy's packages is forked from the copy's own server
     (its ``__file__`` paths and edits are the copy's), which ends with the test; one that
-    mixes a copy with this checkout runs fresh."""
+    would import a package from the copy and one from this checkout runs fresh."""
     copy = tmp_path / "proj"
     for name in ("recovery", "recipes"):
         shutil.copytree(
@@ -250,6 +263,9 @@ def test_a_copy_of_the_project_runs_its_own_code_from_a_server_of_its_own(tmp_pa
     assert done.stdout.split() == [str(copy / "recovery" / "__init__.py"), "True"]
     assert ("full", copy) in launcher._SERVERS
     mixed = {**env, "PYTHONPATH": str(launcher.ROOT)}
+    # the copy first on the path: its packages shadow the checkout's, as they would fresh
+    assert launcher.root_for([PY, "-c", code], mixed, cwd=copy) == copy
+    shutil.rmtree(copy / "recipes")  # recipes from the checkout, recovery from the copy
     assert launcher.root_for([PY, "-c", code], mixed, cwd=copy) is None
 
 
