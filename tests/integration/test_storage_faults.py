@@ -52,9 +52,9 @@ def train(
     unprivileged: bool = False, **kw,
 ):  # fmt: skip
     """train.py (``unprivileged``: without the permission-bypassing capabilities, for a
-    test of permission bits); returns the started process. Without ``setpriv`` it starts
-    from the preloaded launcher (a file-size limit set by the child on itself), otherwise
-    in a fresh interpreter."""
+    test of permission bits); returns the started process, forked from the preloaded
+    launcher (which drops the capabilities ``setpriv`` names, and sets a file-size limit,
+    in the child itself: ``tests.launcher.unsetpriv``)."""
     env = {**os.environ, KEY_ENV: str(signer.path), **kw.pop("env", {})}
     if fsize is not None:  # set by the child on itself, as a preexec_fn would
         kw["rlimits"] = {resource.RLIMIT_FSIZE: (fsize, fsize)}

@@ -49,6 +49,7 @@ from tests.launcher.commands import (
     recorded,
     root_for,
     start_ticks,
+    unsetpriv,
     unshell,
 )
 from tests.launcher.forked import (
@@ -94,5 +95,6 @@ __all__ = [
     "server",
     "share",
     "start_ticks",
+    "unsetpriv",
     "unshell",
 ]

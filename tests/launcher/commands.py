@@ -126,6 +126,33 @@ def _split(cmd: list[str]) -> tuple[str, str, list[str]] | None:
     return None
 
 
+# the capabilities a setpriv prefix may drop that a child drops itself (linux/capability.h)
+CAPABILITIES = {"chown": 0, "dac_override": 1, "dac_read_search": 2, "fowner": 3, "fsetid": 4}
+
+
+def unsetpriv(cmd: list[str]) -> tuple[list[str], list[int]]:
+    """``(command, capabilities)``: the command a ``setpriv`` prefix runs and the
+    capabilities it drops, when the prefix only drops capabilities of root, the same ones
+    from its bounding and inheritable sets (``--bounding-set=-a,-b --inh-caps=-a,-b``:
+    what a child dropping them from all its sets has, as the exec'd command would);
+    otherwise ``(cmd, [])``."""
+    if not cmd or os.path.basename(cmd[0]) != "setpriv" or os.geteuid() != 0:
+        return cmd, []
+    sets: dict[str, list[str]] = {}
+    rest = cmd[1:]
+    while rest and rest[0].startswith("--"):
+        opt, _, value = rest.pop(0).partition("=")
+        names = value.split(",")
+        if opt not in ("--bounding-set", "--inh-caps") or not all(
+            n.startswith("-") and n[1:] in CAPABILITIES for n in names
+        ):
+            return cmd, []
+        sets[opt] = sorted(n[1:] for n in names)
+    if len(sets) != 2 or sets["--bounding-set"] != sets["--inh-caps"] or not rest:
+        return cmd, []
+    return rest, [CAPABILITIES[n] for n in sets["--bounding-set"]]
+
+
 def forkable(
     cmd: list[str], env: dict[str, str] | None = None, cwd: str | os.PathLike[str] | None = None
 ) -> bool:

@@ -14,7 +14,7 @@ import subprocess
 import time
 from typing import Any
 
-from tests.launcher.commands import _HEADER, ROOT, _split, root_for, unshell
+from tests.launcher.commands import _HEADER, ROOT, _split, root_for, unsetpriv, unshell
 from tests.launcher.servers import _SERVERS, Server, server
 
 
@@ -61,11 +61,13 @@ class Forked:
         text: bool = False,
         start_new_session: bool = False,
         rlimits: dict[int, tuple[int, int]] | None = None,
+        drop_caps: list[int] | None = None,
         srv: Server | None = None,
         serve: tuple[str, str] | None = None,
     ) -> None:
         """``rlimits``: resource limits the child sets on itself before it runs the
         command (``{resource.RLIMIT_FSIZE: (soft, hard)}``, as a ``preexec_fn`` would);
+        ``drop_caps``: capabilities it drops from all its sets (see ``unsetpriv``);
         ``srv``: the server to run it (by default this checkout's ``full`` one);
         ``serve``: instead of ``args``, become the server of a copy of the project
         ``(root, socket)``."""
@@ -95,6 +97,7 @@ class Forked:
                 "cwd": os.path.abspath(cwd) if cwd is not None else os.getcwd(),
                 "new_session": start_new_session,
                 "rlimits": [[k, *v] for k, v in (rlimits or {}).items()],
+                "drop_caps": drop_caps or [],
                 "profile": srv.profile,
                 "root": str(srv.root),
                 "server": srv.path,
@@ -208,7 +211,7 @@ def _server_for(args: Any, kwargs: dict[str, Any], profile: str) -> Server | Non
     """The server that can run ``args`` with these Popen ``kwargs``, if one can."""
     if isinstance(args, (str, bytes)) or not _plain(kwargs):
         return None
-    root = root_for(list(args), kwargs.get("env"), kwargs.get("cwd"))
+    root = root_for(unsetpriv(list(args))[0], kwargs.get("env"), kwargs.get("cwd"))
     if root is None:
         return None
     srv = server(profile, root)
@@ -227,7 +230,8 @@ def Popen(args: list[str], **kwargs: Any) -> Any:
     (``rlimits`` then set by a ``preexec_fn``)."""
     srv = _server_for(args, kwargs, kwargs.pop("profile", "full"))
     if srv is not None:
-        return Forked(list(args), srv=srv, **kwargs)
+        argv, caps = unsetpriv(list(args))
+        return Forked(argv, srv=srv, drop_caps=caps, **kwargs)
     return subprocess.Popen(args, **_fresh(kwargs))
 
 
@@ -259,7 +263,8 @@ def run(args: list[str], **kwargs: Any) -> subprocess.CompletedProcess[Any]:
     srv = _server_for(args, kwargs, profile)
     if srv is None:
         return subprocess.run(args, input=data, timeout=timeout, check=check, **_fresh(kwargs))
-    with Forked(list(args), srv=srv, **kwargs) as proc:
+    argv, caps = unsetpriv(list(args))
+    with Forked(argv, srv=srv, drop_caps=caps, **kwargs) as proc:
         try:
             out, err = proc.communicate(data, timeout=timeout)
         except subprocess.TimeoutExpired:

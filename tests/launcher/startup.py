@@ -34,12 +34,35 @@ def track_elastic_loggers() -> None:
 
 
 def limit(request: dict[str, Any]) -> None:
-    """Set the request's resource limits on this process."""
+    """Set the request's resource limits on this process, and drop its capabilities."""
     if request.get("rlimits"):
         import resource
 
         for which, soft, hard in request["rlimits"]:
             resource.setrlimit(which, (soft, hard))
+    if request.get("drop_caps"):
+        drop_capabilities(request["drop_caps"])
+
+
+def drop_capabilities(caps: list[int]) -> None:
+    """Drop ``caps`` from this process's bounding, effective, permitted and inheritable
+    sets: what root's command exec'd by ``setpriv --bounding-set=-.. --inh-caps=-..``
+    holds (``capset(2)``; its children cannot regain them)."""
+    import ctypes
+
+    libc = ctypes.CDLL(None, use_errno=True)
+    for cap in caps:
+        if libc.prctl(24, cap, 0, 0, 0) != 0:  # PR_CAPBSET_DROP
+            raise OSError(ctypes.get_errno(), f"launcher: cannot drop capability {cap}")
+    header = (ctypes.c_uint32 * 2)(0x20080522, 0)  # _LINUX_CAPABILITY_VERSION_3, this pid
+    data = (ctypes.c_uint32 * 6)()  # effective, permitted, inheritable; two 32-bit words
+    if libc.capget(header, data) != 0:
+        raise OSError(ctypes.get_errno(), "launcher: capget failed")
+    for cap in caps:
+        for field in range(3):
+            data[3 * (cap // 32) + field] &= ~(1 << (cap % 32)) & 0xFFFFFFFF
+    if libc.capset(header, data) != 0:
+        raise OSError(ctypes.get_errno(), "launcher: capset failed")
 
 
 def apply_environment() -> None:

@@ -200,6 +200,33 @@ def test_resource_limits_are_set_in_the_child_as_a_preexec_fn_sets_them():
     assert fresh.stdout.strip() == str(20_000 // 512)  # the shell counts 512-byte blocks
 
 
+SETPRIV = [
+    "setpriv",
+    *(f"--{o}=-dac_override,-dac_read_search" for o in ("bounding-set", "inh-caps")),
+]
+
+
+@pytest.mark.skipif(
+    os.geteuid() != 0 or shutil.which("setpriv") is None, reason="setpriv drops root's"
+)
+def test_a_setpriv_prefix_leaves_the_child_the_capabilities_the_execd_command_has(tmp_path):
+    secret = tmp_path / "secret"
+    secret.write_text("x")
+    secret.chmod(0)
+    code = (
+        "print(''.join(ln for ln in open('/proc/self/status') if ln.startswith('Cap')))\n"
+        f"open({str(secret)!r}).read()\n"
+    )
+    assert launcher.unsetpriv([*SETPRIV, PY, "-c", code]) == ([PY, "-c", code], [1, 2])
+    assert launcher.unsetpriv(["setpriv", "--reuid=1", PY]) == (["setpriv", "--reuid=1", PY], [])
+    fresh = subprocess.run([*SETPRIV, PY, "-c", code], capture_output=True, text=True)
+    forked = launcher.run([*SETPRIV, PY, "-c", code], capture_output=True, text=True)
+    assert "CapBnd" in fresh.stdout and forked.stdout == fresh.stdout  # every capability set
+    assert fresh.returncode == forked.returncode == 1
+    assert "PermissionError" in fresh.stderr and "PermissionError" in forked.stderr
+    assert launcher.run([PY, "-c", code], capture_output=True).returncode == 0  # root's own
+
+
 RANK = """
 import os, sys, time, torch
 print(os.environ["RANK"], os.getpid(), torch.get_num_threads(), flush=True)
