@@ -36,16 +36,24 @@ def listing(path: Path) -> list[tuple[str, int]]:
 
 
 def check_names(names: Sequence[tuple[str, int]], src: int) -> None:
-    """Refuse a peer's file list that would write outside the directory it is written into.
+    """Refuse a peer's file list that would write outside the directory it is written into,
+    or twice to one place.
 
     Raises:
-        CommitError: an absolute, empty or non-canonical name, a ``..``, or a negative size.
+        CommitError: an absolute, empty or non-canonical name, a ``.`` or ``..``, a name
+            given twice, or a negative size.
     """
+    seen: set[str] = set()
     for name, size in names:
         path = PurePosixPath(name)
         canonical = bool(name) and path.as_posix() == name and not path.is_absolute()
-        if not canonical or ".." in path.parts or size < 0:
-            raise CommitError(f"rank {src} sent a snapshot file named {name!r} ({size} bytes)")
+        if not canonical or {".", ".."} & set(name.split("/")) or name in seen or size < 0:
+            raise CommitError(
+                f"rank {src} sent a snapshot file named {name!r} ({size} bytes), not a file "
+                "of a snapshot directory; its copy is refused (does every rank run the same "
+                "recovery version?)"
+            )
+        seen.add(name)
 
 
 def _header(path: Path) -> tuple[torch.Tensor, torch.Tensor, list[tuple[str, int]]]:
@@ -75,15 +83,19 @@ def exchange(
         RuntimeError (torch.distributed): a peer is gone.
     """
     pending = []
-    headers = [_header(path) for path, _ in send]
-    for k, ((_, dst), (length, raw, _)) in enumerate(zip(send, headers, strict=True)):
+    headers = {path: _header(path) for path in {p for p, _ in send}}
+    for k, (path, dst) in enumerate(send):
+        length, raw, _ = headers[path]
         pending.append(dist.isend(length, dst, group=group, tag=k * _TAGS))
         if raw.numel():
             pending.append(dist.isend(raw, dst, group=group, tag=k * _TAGS + 1))
-    for k, ((path, dst), (_, _, names)) in enumerate(zip(send, headers, strict=True)):
-        for i, (name, size) in enumerate(names):
+    read: dict[Path, torch.Tensor] = {}  # each file read once, whatever the peers it goes to
+    for k, (path, dst) in enumerate(send):
+        for i, (name, size) in enumerate(headers[path][2]):
             if size:
-                tensor = _read(path / name)
+                if path / name not in read:
+                    read[path / name] = _read(path / name)
+                tensor = read[path / name]
                 pending.append(dist.isend(tensor, dst, group=group, tag=k * _TAGS + 2 + i))
     received = [_receive(src, final, k, group) for k, (src, final) in enumerate(receive)]
     for work in pending:
@@ -118,6 +130,13 @@ def _receive(src: int, final: Path, k: int, group: Group) -> Path:
             reaping.discard(final)
         os.rename(tmp, final)
         fsync_dir(final.parent)
+    except OSError as err:
+        shutil.rmtree(tmp, ignore_errors=True)
+        raise CommitError(
+            f"{final}: the copy of rank {src}'s snapshot could not be written ({err}); the "
+            "job stops, and resumes from the newest step that verifies",
+            path=final,
+        ) from err
     except BaseException:
         shutil.rmtree(tmp, ignore_errors=True)
         raise

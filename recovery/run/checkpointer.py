@@ -26,7 +26,7 @@ import yaml
 
 from recovery import faults
 from recovery.config import CheckpointConfig, HealthConfig, SigningConfig
-from recovery.errors import Preempted, PurposeError
+from recovery.errors import CommitError, Preempted, PurposeError
 from recovery.format.layout import WARM_START_DIR, step_dir_name
 from recovery.integrity import trust as keys
 from recovery.integrity.lock import RunLock
@@ -222,13 +222,21 @@ class Checkpointer(Tiered):
         failed, running = self._saver.status()
         # a snapshot still written skips the one due: on every rank alike (peer replicas)
         busy = self.local is not None and self.local.due(step) and self.local.busy()
-        preempt, due, failed, running, busy = distributed.any_of(
-            preempt, self.cadence.due(step), failed, running, busy
+        broken = self.local is not None and self.local.failed()
+        preempt, due, failed, running, busy, broken = distributed.any_of(
+            preempt, self.cadence.due(step), failed, running, busy, broken
         )
         self._saver.settle(failed=failed, running=running)
         path = None
         if self.local is not None:
-            self.local.raise_if_failed()  # a promotion's failure, at the step after it
+            if broken:  # a snapshot's, a promotion's or a copy's failure: on every rank
+                self.local.raise_if_failed()
+                raise CommitError(
+                    f"step {step}: another rank's local snapshot or its copy to a peer "
+                    "failed (that rank's log says why); the job stops on every rank. "
+                    "Requeue it: it resumes from the newest step that verifies.",
+                    path=self.local.dir,
+                )
             if self.local.due(step) and not (preempt or due):
                 if busy:
                     self.local.skipped += 1

@@ -147,7 +147,7 @@ class LocalTier(LocalDir):
             )
             commit.discard(path)
         if self.peers is not None:
-            self.peers.discard_newer(step)
+            self.peers.tidy(step)
         _, tensors = split(state.state_dict())
         nbytes = sum(t.numel() * t.element_size() for ts in tensors.values() for t in ts.values())
         # a fresh run's optimizer state is not there yet: checked again after the first
@@ -260,8 +260,8 @@ class LocalTier(LocalDir):
     ) -> None:
         self.check()
         mf = local.write(skeletons, tensors, signer=self.signer)
-        for path in tiers.retire(self.held(), local.step, self._pinned):
-            commit.discard(path)
+        if self.peers is None:
+            self._retire(local.step)
         write_s = time.perf_counter() - started
         self.snapshot_bytes = sum(r.size for r in mf.files)
         self.event(
@@ -278,8 +278,14 @@ class LocalTier(LocalDir):
         )
         if then is not None:
             then(local.final, mf, write_s if pause is None else pause)
-        if self.peers is not None:
-            self.peers.replicate(local.step, local.final, self._pinned)
+        if self.peers is not None:  # older ones retire once the peers hold this one
+            step = local.step
+            self.peers.replicate(step, local.final, self._pinned, lambda: self._retire(step))
+
+    def _retire(self, newest: int) -> None:
+        """Delete the snapshots older than ``newest`` (committed) but those ``_pinned``."""
+        for path in tiers.retire(self.held(), newest, self._pinned):
+            commit.discard(path)
 
     def save(self, job: SaveJob, state: TrainState, *, waited: float) -> float:
         """Snapshot ``job``'s step locally, then promote it to ``job.final`` in the background;
@@ -325,6 +331,12 @@ class LocalTier(LocalDir):
         waited = self._snapshots.wait() if self._snapshots is not None else 0.0
         waited += self.peers.wait() if self.peers is not None else 0.0
         return waited + self._writer.wait()
+
+    def failed(self) -> bool:
+        """Whether a snapshot write, a promotion or a copy to peers finished and failed (its
+        error not raised yet)."""
+        done = [self._writer.failed, self.peers is not None and self.peers.failed()]
+        return any(done) or (self._snapshots is not None and self._snapshots.failed)
 
     def raise_if_failed(self) -> None:
         """Raise a finished snapshot write's or promotion's failure, once."""
@@ -379,4 +391,7 @@ class LocalTier(LocalDir):
     def _copies(self) -> int:
         """The snapshot-sized copies this rank keeps at most: its own (:data:`~recovery.run.
         tiers.HELD`) and its peers' (:meth:`~recovery.run.peertier.Peers.copies`)."""
-        return tiers.HELD + (self.peers.copies() if self.peers is not None else 0)
+        if self.peers is None:
+            return tiers.HELD
+        # the ranks of a node share its RAM, each with copies of its own
+        return (tiers.HELD + self.peers.copies()) * len(self.peers.node_ranks)

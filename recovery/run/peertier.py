@@ -12,13 +12,19 @@ default the same local rank of the next node), and receives theirs into
 steps), a round waits for the previous one, and a snapshot being sent is kept until it
 has been. Each node keeps the newest copy of each peer's snapshot (and the one arriving).
 
+A rank's own older snapshot is retired only once its newest has reached the peers, so
+every step a node loss could leave behind stays whole somewhere.
+
 A restarted job (``+resume=latest``) lists what every node holds (signed manifests of
 this job's world size, verified), takes the newest step whose every rank's snapshot is
 held somewhere (:func:`recovery.parallel.replicas.newest_complete`), has each one held
-only on another node sent to its rank, and lets that rank's resume verify it (signature,
-every digest) like any snapshot; if any rank's does not verify, every rank passes that
-step over together. The persistent tier under ``torchrun`` is written as before, by every
-rank collectively at its own steps, not promoted from the snapshots.
+only on another node sent to its rank (over the peers' gloo group, whatever the job's
+backend), and lets that rank's resume verify it (signature, every digest) like any
+snapshot; if any rank's does not verify, every rank passes that step over together. Once
+the run starts, the lowest rank of each node removes the node's tier directories no rank
+there uses now (an earlier layout's, or ranks that moved), so no branch the run left
+comes back. The persistent tier under ``torchrun`` is written as before, by every rank
+collectively at its own steps, not promoted from the snapshots.
 """
 
 from __future__ import annotations
@@ -27,10 +33,13 @@ import json
 import logging
 import os
 import shutil
+import socket
+import threading
+from collections.abc import Callable
 from pathlib import Path
 
 from recovery.config import LocalConfig
-from recovery.errors import RecoveryError
+from recovery.errors import ConfigError, RecoveryError
 from recovery.format.layout import scan, step_dir_name
 from recovery.integrity import commit, listed, private
 from recovery.integrity.signing import TrustStore
@@ -45,14 +54,21 @@ log = logging.getLogger(__name__)
 
 
 class Peers:
-    """One rank's share of the job's peer replicas. Built on every rank at once (it creates
-    a process group: collective)."""
+    """One rank's share of the job's peer replicas. Built on every rank at once (it agrees
+    on the layout and creates a process group: collective)."""
 
     def __init__(self, cfg: LocalConfig, node_dir: Path, world: World) -> None:
         self.world = world
         self.node_dir = node_dir
         """The run's directory on this node (``rank<r>/`` and ``replica-rank<s>/`` in it)."""
         per_node = int(os.environ.get("LOCAL_WORLD_SIZE", "1") or 1)
+        if not distributed.all_ok(per_node == distributed.broadcast_int(per_node)):
+            raise ConfigError(
+                "checkpoint.local.replicas: the nodes run different numbers of ranks "
+                f"(LOCAL_WORLD_SIZE {per_node} here, another on rank 0), so the default "
+                "spacing differs; set checkpoint.local.replica_spacing= to the ranks on "
+                "each node of the larger kind, or checkpoint.local.replicas=0"
+            )
         space = replicas.spacing(cfg.replica_spacing, per_node)
         one_node = cfg.replica_spacing == 0 and per_node >= world.size
         if one_node and cfg.replicas:  # no other node to hold a copy: a lost node is the job
@@ -61,71 +77,106 @@ class Peers:
         self.offsets = replicas.offsets(wanted, space, world.size) if wanted else []
         self.sources = replicas.sources(world.rank, world.size, self.offsets)
         self.destinations = replicas.destinations(world.rank, world.size, self.offsets)
-        self._group = Group.create(distributed.timeout()) if self.offsets else None
+        # gloo whatever the job's backend: snapshots are host bytes (nccl carries none)
+        self._group = Group.create(distributed.timeout())
         self._writer = BackgroundWriter()
+        self._lock = threading.Lock()
+        """Rounds are submitted from the snapshot thread (``checkpoint.async``) and checked
+        from the training thread."""
         self._dirs: list[private.PrivateDir] = []
+        self._found: dict[tuple[int, int], Path] = {}
+        """(owner, step) -> the verified snapshot this node holds (:meth:`held`)."""
+        self.node_ranks = [world.rank]
+        """The ranks whose node directory is this one (:meth:`prepare`)."""
 
     def replica_dir(self, source: int) -> Path:
         """Where this node keeps the copies of rank ``source``'s snapshots."""
         return self.node_dir / replicas.replica_name(source)
 
     def prepare(self, root: Path) -> None:
-        """Make or check the directories the copies arrive in (as the rank's own: this
-        user's, 0700) and remove what interrupted receipts left."""
+        """Collective: make or check the directories the copies arrive in (as the rank's
+        own: this user's, 0700), remove what interrupted receipts left, and learn which
+        ranks share this node's directory."""
         for source in self.sources:
-            self._dirs.append(
-                private.PrivateDir(root, self.replica_dir(source), key="checkpoint.local.root")
-            )
-            commit.remove_stale(self.replica_dir(source))
+            where = self.replica_dir(source)
+            self._dirs.append(private.PrivateDir(root, where, key="checkpoint.local.root"))
+            commit.remove_stale(where)
+        st = self.node_dir.stat()
+        here = f"{socket.gethostname()}:{st.st_dev}:{st.st_ino}"
+        self.node_ranks = [r for r, t in enumerate(distributed.gather_text(here)) if t == here]
 
     def copies(self) -> int:
-        """The snapshot-sized copies of peers' state this rank keeps in RAM at most (the
-        newest of each source, and the one arriving)."""
-        return 2 * len(self.sources)
+        """The snapshot-sized copies of peers' state this rank keeps in RAM at most: the
+        newest of each source and the one arriving, and while a round runs the bytes it
+        sends and receives."""
+        return 2 * len(self.sources) + (2 if self.offsets else 0)
 
-    def replicate(self, step: int, path: Path, pinned: set[int]) -> None:
+    def replicate(
+        self, step: int, path: Path, pinned: set[int], retire: Callable[[], None]
+    ) -> None:
         """Once this rank's snapshot ``path`` of ``step`` committed: send it to the peers and
-        receive theirs on the background thread, after the previous round. ``step`` is kept
-        (``pinned``) until it has been sent.
+        receive theirs on the background thread, after the previous round; then ``retire``
+        this rank's older snapshots (only then: until the peers hold ``step``, the older
+        one is the newest step a lost node leaves whole). ``step`` is kept (``pinned``)
+        until it has been sent. Without peers, ``retire`` runs now.
 
         Raises:
             RecoveryError, RuntimeError: the previous round failed (a peer is gone).
         """
-        if self._group is None:
+        if not self.offsets:
+            retire()
             return
-        self._writer.wait()
-        for directory in self._dirs:
-            directory.check()
-        pinned.add(step)
-        group = self._group.process_group
+        with self._lock:
+            self._writer.wait()
+            for directory in self._dirs:
+                directory.check()
+            pinned.add(step)
+            group = self._group.process_group
 
-        def run() -> Path:
-            try:
-                send = [(path, d) for d in self.destinations]
-                receive = [(s, self.replica_dir(s) / step_dir_name(step)) for s in self.sources]
-                transfer.exchange(send, receive, group=group)
-            finally:
-                pinned.discard(step)
-            for source in self.sources:  # the newest copy of each peer's is enough
-                for older, p in scan(self.replica_dir(source)).committed:
-                    if older != step:
-                        commit.discard(p)
-            return path
+            def run() -> Path:
+                try:
+                    send = [(path, d) for d in self.destinations]
+                    into = [(s, self.replica_dir(s) / step_dir_name(step)) for s in self.sources]
+                    transfer.exchange(send, into, group=group)
+                finally:
+                    pinned.discard(step)
+                retire()
+                for source in self.sources:  # the newest copy of each peer's is enough
+                    for older, p in scan(self.replica_dir(source)).committed:
+                        if older != step:
+                            commit.discard(p)
+                return path
 
-        self._writer.submit(run)
+            self._writer.submit(run)
 
-    def discard_newer(self, step: int) -> None:
-        """A run (re)starting at ``step`` drops copies of later steps (another branch)."""
+    def tidy(self, step: int) -> None:
+        """At the run's first step ``step``, after every rank's resume read what it needed:
+        drop copies of later steps (another branch); the node's lowest rank also removes
+        the tier directories no rank of this node uses now."""
         for source in self.sources:
             for p in tiers.newer(scan(self.replica_dir(source)).committed, step):
                 commit.discard(p)
+        if self.world.rank != min(self.node_ranks):
+            return
+        used = {replicas.own_name(r) for r in self.node_ranks}
+        offs = self.offsets
+        used |= {
+            replicas.replica_name(s)
+            for r in self.node_ranks
+            for s in replicas.sources(r, self.world.size, offs)
+        }
+        for entry in sorted(self.node_dir.iterdir()):
+            stale = replicas.owner_of(entry.name) is not None and entry.name not in used
+            if stale and entry.is_dir() and not entry.is_symlink():
+                log.info("local tier: removing %s, which no rank of this node uses", entry)
+                shutil.rmtree(entry, ignore_errors=True)
 
     def held(self, trust: TrustStore, allow_untrusted: bool) -> dict[int, list[int]]:
         """Owner rank -> the steps of its snapshots on this node (own or copies) whose
         signed statement verifies and says this rank and this job's world size."""
-        found: dict[int, set[int]] = {}
+        self._found = {}
         entries = sorted(self.node_dir.iterdir()) if self.node_dir.is_dir() else []
-        for entry in entries:
+        for entry in entries:  # own directories first: "rank" sorts before "replica-rank"
             named = replicas.owner_of(entry.name)
             if named is None or not entry.is_dir() or entry.is_symlink():
                 continue
@@ -142,16 +193,11 @@ class Peers:
                     owner,
                     self.world.size,
                 ):
-                    found.setdefault(owner, set()).add(step)
-        return {owner: sorted(steps) for owner, steps in found.items()}
-
-    def path_of(self, owner: int, step: int) -> Path | None:
-        """Where this node holds ``owner``'s snapshot of ``step`` (its own directory first)."""
-        for name in (replicas.own_name(owner), replicas.replica_name(owner)):
-            candidate = self.node_dir / name / step_dir_name(step)
-            if candidate.is_dir() and not candidate.is_symlink():
-                return candidate
-        return None
+                    self._found.setdefault((owner, step), path)
+        listing: dict[int, list[int]] = {}
+        for owner, step in sorted(self._found):
+            listing.setdefault(owner, []).append(step)
+        return listing
 
     def gather(
         self, own_dir: Path, trust: TrustStore, allow_untrusted: bool
@@ -161,6 +207,7 @@ class Peers:
         that holds it when this node does not. Returns ``[(step, path)]``, or ``[]``.
 
         Raises:
+            CommitError: a copy could not be written here.
             RuntimeError (torch.distributed): a peer is gone.
         """
         mine = self.held(trust, allow_untrusted)
@@ -171,14 +218,14 @@ class Peers:
         plan = replicas.newest_complete(listings, self.world.size)
         if plan is None:
             return []
+        group = self._group.process_group
         for owner, holder in plan.transfers():
             if self.world.rank == holder:
-                source = self.path_of(owner, plan.step)
-                assert source is not None  # it said it holds it
-                transfer.exchange([(source, owner)], [], group=None)
+                transfer.exchange([(self._found[owner, plan.step], owner)], [], group=group)
             elif self.world.rank == owner:
                 final = own_dir / step_dir_name(plan.step)
-                transfer.exchange([], [(holder, final)], group=None)
+                transfer.exchange([], [(holder, final)], group=group)
+                self._found[owner, plan.step] = final
                 log.warning(
                     "local tier: this node had no snapshot of rank %d at step %d; rank %d sent "
                     "its copy (verified when read)",
@@ -186,8 +233,11 @@ class Peers:
                     plan.step,
                     holder,
                 )
-        here = self.path_of(self.world.rank, plan.step)
-        return [(plan.step, here)] if here is not None else []
+        return [(plan.step, self._found[self.world.rank, plan.step])]
+
+    def failed(self) -> bool:
+        """Whether the round submitted last has finished, and failed."""
+        return self._writer.failed
 
     def wait(self) -> float:
         """Wait for the round in flight; return the seconds waited.
@@ -195,25 +245,37 @@ class Peers:
         Raises:
             RecoveryError, RuntimeError: it failed.
         """
-        return self._writer.wait()
+        with self._lock:
+            return self._writer.wait()
 
     def raise_if_failed(self) -> None:
-        """Raise a finished round's failure, once."""
-        self._writer.raise_if_failed()
+        """Raise a finished round's failure, once (not while a round is being submitted)."""
+        if self._lock.acquire(blocking=False):
+            try:
+                self._writer.raise_if_failed()
+            finally:
+                self._lock.release()
 
     def close(self, remove: bool) -> None:
         """Stop the background thread; with ``remove``, delete this rank's copies of peers'
-        snapshots (the run's newest state is persistent)."""
+        snapshots (the run's newest state is persistent).
+
+        Raises:
+            RecoveryError, RuntimeError: the last round failed (the copies are kept).
+        """
         try:
-            self._writer.close()
+            with self._lock:
+                self._writer.close()
+        except BaseException:
+            remove = False
+            raise
         finally:
             for directory in self._dirs:
                 try:
                     directory.check()
+                    if remove:
+                        shutil.rmtree(directory.path, ignore_errors=True)
                 except RecoveryError as err:
                     log.warning("not removing %s: %s", directory.path, err)
-                    continue
                 finally:
                     directory.close()
-                if remove:
-                    shutil.rmtree(directory.path, ignore_errors=True)

@@ -288,7 +288,8 @@ def choose(
         took = loaded is not None and loaded.path in {p for _, p in local}
         if not distributed.any_of(took)[0]:
             break  # not the local tier's doing: agree_on_resume says so
-        why = f"another rank could not resume its local snapshot of step {local[-1][0]}"
+        which = f" of step {local[-1][0]}" if local else ""
+        why = f"another rank could not resume its local snapshot{which}"
         log.warning("RESUME FALLBACK: passing over this rank's local snapshots: %s", why)
         excluded.update({p: why for _, p in local})
     loading.agree_on_resume(step, loaded.path if loaded else None, run_dir)

@@ -41,6 +41,8 @@ class Tiered(Ending):
         try:
             try:  # first: the step the promotion in flight commits is persisted then
                 self.pause_s += self.local.wait()
+                # under torchrun the last persistent save may still be on its thread
+                self.pause_s += self._saver.wait()
             finally:  # under torchrun, ranks other than 0 know the step from the saver
                 steps = [s for s in (self.persisted, self._saver.persisted) if s is not None]
                 self.pause_s += self.local.close(max(steps, default=None))

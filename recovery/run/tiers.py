@@ -120,9 +120,10 @@ def not_durable(path: Path) -> str:
 
 
 def retire(held: Sequence[tuple[int, Path]], newest: int, pinned: Collection[int]) -> list[Path]:
-    """The local snapshots to delete once step ``newest`` committed: every other one, except
-    those ``pinned`` (a promotion is copying them)."""
-    return [p for s, p in held if s != newest and s not in pinned]
+    """The local snapshots to delete once step ``newest`` committed: every older one, except
+    those ``pinned`` (a promotion or a copy to peers is reading them). A later one is kept:
+    under torchrun retiring waits for the peers, and the next snapshot may be there by then."""
+    return [p for s, p in held if s < newest and s not in pinned]
 
 
 def newer(held: Sequence[tuple[int, Path]], step: int) -> list[Path]:

@@ -90,12 +90,17 @@ def test_the_newest_step_every_rank_can_restore_and_who_gives_it(listings, world
     assert plan.transfers() == sorted((o, h) for o, h in holders.items() if o != h)
 
 
-@pytest.mark.parametrize("listings", [[{0: [33]}, {}], [{}, {}], [{0: [3], 1: [6]}, {0: [6]}]])
+@pytest.mark.parametrize(
+    "listings",
+    [
+        [{0: [33]}, {}],  # rank 1's snapshot nowhere
+        [{}, {}],
+        [{0: [2, 4, 6]}, {1: [1, 3, 5]}],  # never the same step
+        [{0: [6], 2: [6]}, {0: [6]}],  # a third rank's snapshot does not make a step whole
+    ],
+)
 def test_no_step_is_whole(listings):
-    plan = replicas.newest_complete(listings, 2)
-    assert plan is None or plan.step == 6  # the last case: 6 is whole, 3 is not
-    if listings[0].get(1) is None:
-        assert plan is None
+    assert replicas.newest_complete(listings, 2) is None
 
 
 def test_replica_keys_are_validated():
@@ -127,6 +132,32 @@ def _ring(rank: int, port: int, root: str) -> None:
         torch.distributed.destroy_process_group()
 
 
+def _ring3(rank: int, port: int, root: str) -> None:
+    os.environ.update(MASTER_ADDR="127.0.0.1", MASTER_PORT=str(port))
+    torch.distributed.init_process_group("gloo", rank=rank, world_size=3)
+    try:
+        offs = replicas.offsets(2, 1, 3)  # every rank sends to both others, tags k = 0, 1
+        send = [(Path(root) / f"rank{rank}", d) for d in replicas.destinations(rank, 3, offs)]
+        into = [(s, Path(root) / f"at{rank}" / f"from{s}") for s in replicas.sources(rank, 3, offs)]
+        transfer.exchange(send, into, group=None)
+    finally:
+        torch.distributed.destroy_process_group()
+
+
+def test_three_ranks_each_send_two_copies_and_every_copy_lands_whole(tmp_path):
+    for rank in range(3):
+        (tmp_path / f"rank{rank}").mkdir()
+        for i in range(3):  # files of different sizes: a tag mix-up would show
+            (tmp_path / f"rank{rank}" / f"f{i}").write_bytes(os.urandom(1000 * (rank + 1) + i))
+    mp.start_processes(_ring3, args=(_free_port(), str(tmp_path)), nprocs=3, start_method="fork")
+    for rank in range(3):
+        for source in (r for r in range(3) if r != rank):
+            got, sent = tmp_path / f"at{rank}" / f"from{source}", tmp_path / f"rank{source}"
+            assert transfer.listing(got) == transfer.listing(sent)
+            for i in range(3):
+                assert (got / f"f{i}").read_bytes() == (sent / f"f{i}").read_bytes()
+
+
 def test_two_ranks_send_each_other_their_snapshot_at_once(tmp_path):
     for rank in (0, 1):
         snap = tmp_path / f"rank{rank}" / "step-00000003"
@@ -144,7 +175,26 @@ def test_two_ranks_send_each_other_their_snapshot_at_once(tmp_path):
         assert [p.name for p in copy.iterdir()] == ["step-00000003"]  # no temp left
 
 
-def _tiered_rank(rank: int, port: int, tmp: str, steps: int, out: str, keys: tuple) -> None:
+def _step(state, draws: list) -> None:
+    """A training step (dropout off: the parameters stay replicated across ranks, as DDP
+    keeps them), then a draw from this rank's torch RNG stream, which differs per rank."""
+    train_steps(state, 1)
+    draws.append(int(torch.randint(0, 2**31, (1,))))
+
+
+def _trained(rank: int, steps: int) -> list:
+    """Rank ``rank``'s parameters and RNG draws over ``steps`` uninterrupted steps."""
+    state, draws = tiny_state(), []
+    state.components["model"].eval()
+    torch.manual_seed(100 + rank)
+    for _ in range(steps):
+        _step(state, draws)
+    return [[t.tolist() for t in state.components["model"].parameters()], draws]
+
+
+def _tiered_rank(
+    rank: int, port: int, tmp: str, steps: int, out: str, keys: tuple, async_save: bool
+) -> None:
     """One rank of a two-rank job with a local tier (each rank its own node-local root,
     copies on the other rank): restore ``latest``, train to ``steps``, close; the step it
     started from and its parameters go to ``out.<rank>``."""
@@ -153,7 +203,9 @@ def _tiered_rank(rank: int, port: int, tmp: str, steps: int, out: str, keys: tup
     try:
         state = tiny_state()
         local = LocalConfig(every_steps=2, root=str(Path(tmp) / f"shm{rank}"))
-        cfg = CheckpointConfig(root=tmp, every_steps=6, keep_last=2, local=local)
+        cfg = CheckpointConfig(
+            root=tmp, every_steps=6, keep_last=2, local=local, async_save=async_save
+        )
         ck = Checkpointer(
             cfg,
             Path(tmp) / "run",
@@ -166,46 +218,57 @@ def _tiered_rank(rank: int, port: int, tmp: str, steps: int, out: str, keys: tup
             world=World(rank=rank, size=2, distributed=True),
             strategy="ddp",
         )
-        start = ck.restore(state, "latest")
+        state.components["model"].eval()
+        start, draws = ck.restore(state, "latest"), []
+        if start == 0:
+            torch.manual_seed(100 + rank)
         for step in range(start + 1, steps + 1):
-            train_steps(state, 1)
+            _step(state, draws)
             ck.maybe_save(state, step)
         ck.close()
         params = [t.tolist() for t in state.components["model"].parameters()]
-        Path(f"{out}.{rank}").write_text(repr([start, params]))
+        Path(f"{out}.{rank}").write_text(repr([start, params, draws]))
     finally:
         torch.distributed.destroy_process_group()
 
 
-def _run_tiered(tmp: Path, steps: int, keys: tuple) -> list:
+def _run_tiered(tmp: Path, steps: int, keys: tuple, async_save: bool) -> list:
     out = str(tmp / f"out-{steps}")
-    args = (_free_port(), str(tmp), steps, out, keys)  # forked: the objects as they are
+    args = (_free_port(), str(tmp), steps, out, keys, async_save)  # forked: objects as they are
     mp.start_processes(_tiered_rank, args=args, nprocs=2, start_method="fork")
     return [eval(Path(f"{out}.{rank}").read_text()) for rank in (0, 1)]  # our own repr
 
 
-@pytest.mark.parametrize("damaged", [False, True], ids=["copy", "damaged-copy"])
+@pytest.mark.parametrize(
+    ("damaged", "async_save"), [(False, False), (True, True)], ids=["copy", "damaged-copy-async"]
+)
 def test_a_rank_whose_node_lost_its_ram_resumes_from_its_peers_copy(
-    tmp_path, signer, trust, damaged
+    tmp_path, signer, trust, damaged, async_save
 ):
     """Two ranks (forked, gloo), each its own local root: snapshots every 2 steps, sent to
     the other rank; persistent every 6. Stopped after step 9 (snapshot 8, persistent 6),
     rank 1's root wiped: both resume from step 8, rank 1's snapshot sent back from rank
-    0's copy, and end where an uninterrupted run ends. The copy damaged (a flipped byte):
-    rank 1's verification refuses it, and both ranks pass step 8 over to persistent 6."""
-    reference = tiny_state()
-    train_steps(reference, 12)
-    expected = [t.tolist() for t in reference.components["model"].parameters()]
-    _run_tiered(tmp_path, 9, (signer, trust))
+    0's copy, and end where an uninterrupted run ends, each rank with its own RNG. The
+    copy damaged (a flipped byte): rank 1's verification refuses it, and both ranks pass
+    step 8 over to persistent 6. A directory of a layout no rank uses now (``rank5``) goes
+    at the start; once the last step is persistent, nothing is left in either root."""
+    _run_tiered(tmp_path, 9, (signer, trust), async_save)
     [run] = (tmp_path / "shm0").iterdir()
     assert sorted(p.name for p in run.iterdir()) == ["rank0", "replica-rank1"]
     assert [p.name for p in (run / "replica-rank1").iterdir()] == ["step-00000008"]
+    assert [p.name for p in (run / "rank0").iterdir()] == ["step-00000008"]
     shutil.rmtree(tmp_path / "shm1")
     if damaged:
         victim = run / "replica-rank1" / "step-00000008" / "model.safetensors"
         raw = bytearray(victim.read_bytes())
         raw[-1] ^= 1
         victim.write_bytes(bytes(raw))
-    got = _run_tiered(tmp_path, 12, (signer, trust))
-    assert [start for start, _ in got] == ([6, 6] if damaged else [8, 8])
-    assert all(params == expected for _, params in got)
+    shutil.copytree(run / "rank0", run / "rank5")  # an earlier layout's, or another branch
+    got = _run_tiered(tmp_path, 12, (signer, trust), async_save)
+    start = 6 if damaged else 8
+    assert [s for s, _, _ in got] == [start, start]
+    for rank, (_, params, draws) in enumerate(got):  # each rank its own stream, exactly
+        want_params, want_draws = _trained(rank, 12)
+        assert params == want_params and draws == want_draws[start:], rank
+    assert got[0][2] != got[1][2]
+    assert [list((tmp_path / f"shm{r}").iterdir()) for r in (0, 1)] == [[], []]
