@@ -27,7 +27,7 @@ from recovery.integrity import commit, listed, promote
 from recovery.integrity.signing import Signer, TrustStore
 from recovery.parallel.world import SINGLE, World
 from recovery.run import job as job_mod
-from recovery.run import tiers
+from recovery.run import peertier, tiers
 from recovery.run.job import SaveJob, Tensors, split
 from recovery.run.localdir import LocalDir
 from recovery.run.peertier import Peers
@@ -103,7 +103,7 @@ class LocalTier(LocalDir):
         here from a peer if this node lost it (:meth:`~recovery.run.peertier.Peers.gather`:
         collective)."""
         if self.peers is None:
-            return self.held()
+            return peertier.single(self.held(), trust, allow_untrusted)
         return self.peers.gather(self.dir, trust, allow_untrusted)
 
     def abandon(self) -> None:

@@ -29,6 +29,7 @@ collectively at its own steps, not promoted from the snapshots.
 
 from __future__ import annotations
 
+import contextlib
 import json
 import logging
 import os
@@ -279,3 +280,27 @@ class Peers:
                     log.warning("not removing %s: %s", directory.path, err)
                 finally:
                     directory.close()
+
+
+def single(
+    held: list[tuple[int, Path]], trust: TrustStore, allow_untrusted: bool
+) -> list[tuple[int, Path]]:
+    """The snapshots of ``held`` a process outside torchrun may resume: not those one rank
+    of a torchrun job took (``rank0/`` of a run directory a job used before), which hold
+    that rank's state alone. One whose signature does not verify stays, for the resume to
+    say why it passes it over."""
+    kept = []
+    for step, path in held:
+        with contextlib.suppress(RecoveryError):
+            rec = listed.read_manifest(path, trust, allow_untrusted=allow_untrusted).recovery
+            if "rank" in rec:
+                log.warning(
+                    "local tier: passing over %s: rank %s's snapshot of a %s-rank torchrun "
+                    "job, not a whole state for one process",
+                    path,
+                    rec.get("rank"),
+                    rec.get("world_size"),
+                )
+                continue
+        kept.append((step, path))
+    return kept

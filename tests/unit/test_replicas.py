@@ -15,6 +15,7 @@ from recovery.config import CheckpointConfig, LocalConfig
 from recovery.errors import CommitError, ConfigError
 from recovery.parallel import replicas, transfer
 from recovery.parallel.world import World
+from recovery.run import peertier
 from recovery.run.checkpointer import Checkpointer
 from recovery.run.journal import Journal
 from tests.conftest import tiny_state, train_steps
@@ -257,6 +258,8 @@ def test_a_rank_whose_node_lost_its_ram_resumes_from_its_peers_copy(
     assert sorted(p.name for p in run.iterdir()) == ["rank0", "replica-rank1"]
     assert [p.name for p in (run / "replica-rank1").iterdir()] == ["step-00000008"]
     assert [p.name for p in (run / "rank0").iterdir()] == ["step-00000008"]
+    # one rank's state alone: a process outside torchrun passes it over
+    assert peertier.single([(8, run / "rank0" / "step-00000008")], trust, False) == []
     shutil.rmtree(tmp_path / "shm1")
     if damaged:
         victim = run / "replica-rank1" / "step-00000008" / "model.safetensors"
