@@ -17,7 +17,7 @@ from typing import Any
 
 from recovery.errors import IncompatibleStateError, RecoveryError
 from recovery.format.layout import DISTRIBUTED, RANK_SNAPSHOT
-from recovery.parallel import sharded
+from recovery.parallel import rankstate, sharded
 from recovery.parallel import world as distributed
 from recovery.parallel.world import World
 from recovery.state import rng
@@ -87,9 +87,10 @@ def load_state(
                 mismatches=[f"rank {owner.get('rank')} of {saved_size}"],
                 path=path,
             )
-    if not via_dcp:
+    shards = isinstance(owner, dict) and bool(owner.get("sharded"))  # this rank's FSDP2 shards
+    if not (via_dcp or shards):
         sharded.refuse_plain_into_sharded(state.components.get(MODEL), path)
-    plain = [n for n in state.components if not (via_dcp and n in sharded.SHARDED)]
+    plain = [n for n in state.components if not ((via_dcp or shards) and n in sharded.SHARDED)]
     problems = state.mismatches(tree, only=plain)
     own: dict[str, Any] | None = None
     if saved_size == world.size:  # the same ranks: each continues its own RNG streams exactly
@@ -102,6 +103,8 @@ def load_state(
             mismatches=problems,
             path=path,
         )
+    if shards:
+        rankstate.load(state.components[MODEL], state.components[OPTIMIZER], tree, where=path)
     if isinstance(spread, dict):
         sharded.load(
             state.components[MODEL],

@@ -120,11 +120,7 @@ class Checkpointer(Tiered):
             differential=cfg.differential.enabled,
         )
         if cfg.local.enabled:
-            tiers.check_supported(
-                distributed=world.distributed,
-                strategy=strategy,
-                differential=cfg.differential.enabled,
-            )
+            tiers.check_supported(differential=cfg.differential.enabled)
         self.world = world
         self.seed = seed
         self.cfg = cfg
@@ -174,6 +170,7 @@ class Checkpointer(Tiered):
                 event=self._event,
                 async_save=cfg.async_save,
                 world=world,
+                shards=world.distributed and strategy == "fsdp",
             )
             if cfg.local.enabled
             else None

@@ -57,6 +57,7 @@ class LocalTier(LocalDir):
         event: Event,
         async_save: bool = False,
         world: World = SINGLE,
+        shards: bool = False,
     ) -> None:
         super().__init__(cfg.root, run_dir, rank)
         self.every = cfg.every_steps
@@ -77,6 +78,9 @@ class LocalTier(LocalDir):
         self.skipped = 0
         """Snapshots skipped since the last one was taken (:meth:`busy`)."""
         self.world = world
+        self.shards = shards
+        """Under torchrun with FSDP2: a snapshot holds this rank's shards of model and
+        optimizer (:mod:`recovery.parallel.rankstate`)."""
         self.peers = Peers(cfg, self.dir.parent, world) if world.distributed else None
         """Under ``torchrun``: the copies of snapshots on peers (:mod:`recovery.run.peertier`)."""
 
@@ -148,7 +152,7 @@ class LocalTier(LocalDir):
             commit.discard(path)
         if self.peers is not None:
             self.peers.tidy(step)
-        _, tensors = split(state.state_dict())
+        _, tensors = split(peertier.tree(state, shards=self.shards))
         nbytes = sum(t.numel() * t.element_size() for ts in tensors.values() for t in ts.values())
         # a fresh run's optimizer state is not there yet: checked again after the first
         # snapshot (:meth:`_recheck`); the staging buffers are another copy in RAM
@@ -222,20 +226,17 @@ class LocalTier(LocalDir):
             local = dataclasses.replace(
                 local,
                 statement={**local.statement, "rank": self.world.rank},
-                meta={
-                    **local.meta,
-                    RANK_SNAPSHOT: {"rank": self.world.rank, "world_size": self.world.size},
-                },
+                meta={**local.meta, RANK_SNAPSHOT: peertier.owner(self.world, self.shards)},
             )
         skipped, self.skipped = self.skipped, 0
         if self._staging is None or self._snapshots is None:
             self._recheck()
-            skeletons, tensors = split(state.state_dict())
+            skeletons, tensors = split(peertier.tree(state, shards=self.shards))
             self._commit(local, skeletons, tensors, started, then)
             return time.perf_counter() - started
         self._snapshots.wait()  # the buffers are free once the previous write committed
         self._recheck()
-        staged = self._staging.stage(state.state_dict())
+        staged = self._staging.stage(peertier.tree(state, shards=self.shards))
         pause = time.perf_counter() - started
 
         def run() -> Path:

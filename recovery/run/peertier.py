@@ -1,10 +1,11 @@
 """The local tier under ``torchrun``: each rank's snapshots copied to peers, and the restore
 of a whole job's local step from what its nodes still hold (issue 30, part 4).
 
-Under ``torchrun`` (``dist.strategy=ddp``) a rank's local snapshot is a continuation
-checkpoint of what that rank holds (the replicated model and optimizer, its own RNG
-streams, the data position), written by :class:`~recovery.run.localtier.LocalTier` into
-``rank<r>/`` of its node's run directory in RAM, its statement saying ``rank`` and
+Under ``torchrun`` a rank's local snapshot is a continuation checkpoint of what that rank
+holds (its own RNG streams, the data position, and the replicated model and optimizer of
+DDP or this rank's FSDP2 shards of them: :mod:`recovery.parallel.rankstate`), written by
+:class:`~recovery.run.localtier.LocalTier` into ``rank<r>/`` of its node's run directory
+in RAM, its statement saying ``rank`` and
 ``world_size``. Once it commits, a background thread sends it over a gloo group of its own
 to ``checkpoint.local.replicas`` peers (:func:`recovery.parallel.replicas.offsets`: by
 default the same local rank of the next node), and receives theirs into
@@ -38,18 +39,20 @@ import socket
 import threading
 from collections.abc import Callable
 from pathlib import Path
+from typing import Any
 
 from recovery.config import LocalConfig
 from recovery.errors import ConfigError, RecoveryError
 from recovery.format.layout import scan, step_dir_name
 from recovery.integrity import commit, listed, private
 from recovery.integrity.signing import TrustStore
-from recovery.parallel import replicas, transfer
+from recovery.parallel import rankstate, replicas, transfer
 from recovery.parallel import world as distributed
 from recovery.parallel.collectives import Group
 from recovery.parallel.world import World
 from recovery.run import tiers
 from recovery.run.writer import BackgroundWriter
+from recovery.state.registry import MODEL, OPTIMIZER, TrainState
 
 log = logging.getLogger(__name__)
 
@@ -304,3 +307,19 @@ def single(
                 continue
         kept.append((step, path))
     return kept
+
+
+def tree(state: TrainState, *, shards: bool) -> dict[str, Any]:
+    """What a rank's snapshot holds of ``state``: every component's state and the RNG
+    streams; with FSDP2 (``shards``) model and optimizer as this rank's own shards
+    (:func:`recovery.parallel.rankstate.of`)."""
+    taken = state.state_dict()
+    if shards:
+        taken.update(rankstate.of(state.components[MODEL], state.components[OPTIMIZER]))
+    return taken
+
+
+def owner(world: World, shards: bool) -> dict[str, Any]:
+    """The ``state.json`` record of whose snapshot it is (:data:`~recovery.format.layout.
+    RANK_SNAPSHOT`): the rank, the world size, and whether it holds FSDP2 shards."""
+    return {"rank": world.rank, "world_size": world.size, **({"sharded": True} if shards else {})}

@@ -56,13 +56,13 @@ Design (issue 30):
   is skipped (counted), never waited for, unless its step is to be promoted.
 - **Interval per tier.** :func:`plan` (``recovery plan --local-cost``): Young/Daly for
   each tier's cost and the failures only it recovers from.
-- **Under torchrun** (``dist.strategy=ddp``): each rank snapshots its own state and
-  peers hold copies of it, so a lost node's ranks restore from RAM too
+- **Under torchrun** (DDP, or FSDP2: a rank's own shards): each rank snapshots its own
+  state and peers hold copies of it, so a lost node's ranks restore from RAM too
   (:mod:`recovery.run.peertier`); persistent checkpoints are the collective save, not
   promoted.
-- **Not built yet:** FSDP2 under torchrun and differential snapshots (both refused
-  together with the tier), promotion under torchrun, and an automatic local interval at
-  run time (``checkpoint.local.every_steps`` is fixed).
+- **Not built yet:** differential snapshots (refused together with the tier), promotion
+  under torchrun, a snapshot resumed on another world size, and an automatic local
+  interval at run time (``checkpoint.local.every_steps`` is fixed).
 """
 
 from __future__ import annotations
@@ -266,19 +266,12 @@ def check_room(where: Path, snapshot_bytes: int, available: int, copies: int = H
         )
 
 
-def check_supported(*, distributed: bool, strategy: str, differential: bool) -> None:
+def check_supported(*, differential: bool) -> None:
     """Refuse what the local tier does not implement yet, by name.
 
     Raises:
-        ConfigError: sharded (FSDP2) training under torchrun, or differential checkpoints,
-            with ``checkpoint.local.every_steps``.
+        ConfigError: differential checkpoints with ``checkpoint.local.every_steps``.
     """
-    if distributed and strategy != "ddp":
-        raise ConfigError(
-            f"checkpoint.local.every_steps is not supported with dist.strategy={strategy} "
-            "yet (a rank's snapshot holds replicated state only); use dist.strategy=ddp "
-            "or set checkpoint.local.every_steps=0"
-        )
     if differential:
         raise ConfigError(
             "checkpoint.local.every_steps is not supported with checkpoint.differential yet; "

@@ -1,0 +1,109 @@
+"""One rank's own part of a sharded (FSDP2) model and optimizer, as a plain tree, and back.
+
+A local-tier snapshot under ``torchrun`` (:mod:`recovery.run.peertier`) holds what its
+rank holds. With FSDP2 that is each DTensor's local shard: :func:`of` takes model and
+optimizer through DCP's state-dict API (keys that name parameters, the optimizer's
+moments initialised if it has not stepped yet) and keeps every DTensor's local tensor
+(a view, not a copy). :func:`load` puts such a tree back into the same ranks' shards: it
+reads the live state the same way, checks every key, shape and dtype against it first,
+copies the saved shards into copies of the live DTensors, and only then applies them
+(``set_state_dict``), so a refused load changes nothing. It serves the same world and
+the same sharding only: a snapshot is resumed by the rank that took it.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Any
+
+import torch
+from torch.utils._pytree import tree_map_only
+
+from recovery.errors import IncompatibleStateError
+from recovery.parallel import sharded
+
+MODEL, OPTIMIZER = sharded.SHARDED
+
+
+def _local(tree: Any) -> Any:
+    from torch.distributed.tensor import DTensor
+
+    return tree_map_only(DTensor, lambda t: t.to_local(), tree)
+
+
+def of(model: torch.nn.Module, optimizer: torch.optim.Optimizer) -> dict[str, Any]:
+    """``{"model": ..., "optimizer": {"state": ..., "param_groups": ...}}``: this rank's
+    shards of ``model`` and ``optimizer`` (the live tensors), keyed by parameter name."""
+    tensors, groups = sharded.state_of(model, optimizer)
+    return {
+        MODEL: _local(tensors[MODEL]),
+        OPTIMIZER: {"state": _local(tensors[OPTIMIZER]), **groups},
+    }
+
+
+def _leaves(tree: Any, prefix: str = "") -> dict[str, Any]:
+    if isinstance(tree, dict):
+        out: dict[str, Any] = {}
+        for key, value in tree.items():
+            out.update(_leaves(value, f"{prefix}/{key}"))
+        return out
+    return {prefix: tree}
+
+
+def load(
+    model: torch.nn.Module, optimizer: torch.optim.Optimizer, saved: dict[str, Any], *, where: Path
+) -> None:
+    """Put a tree :func:`of` took (decoded from a verified snapshot) back into ``model`` and
+    ``optimizer``; nothing is changed unless all of it fits.
+
+    Raises:
+        IncompatibleStateError: a key, shape or dtype differs from this rank's shards.
+    """
+    from torch.distributed.checkpoint.state_dict import get_state_dict, set_state_dict
+    from torch.distributed.tensor import DTensor
+
+    msd, osd = get_state_dict(model, optimizer)
+    target = tree_map_only(
+        torch.Tensor, lambda t: t.detach().clone(), {MODEL: msd, OPTIMIZER: osd["state"]}
+    )
+    opt = saved.get(OPTIMIZER)
+    opt_saved: dict[str, Any] = opt if isinstance(opt, dict) else {}
+    have = _leaves({MODEL: saved.get(MODEL), OPTIMIZER: opt_saved.get("state")})
+    want = _leaves(target)
+    problems = [f"{k}: missing" for k in sorted(want.keys() - have.keys())]
+    problems += [f"{k}: not in this run" for k in sorted(have.keys() - want.keys())]
+    for key in sorted(want.keys() & have.keys()):
+        live, got = want[key], have[key]
+        if not isinstance(live, torch.Tensor):
+            continue
+        local = live.to_local() if isinstance(live, DTensor) else live
+        if not isinstance(got, torch.Tensor) or (got.shape, got.dtype) != (
+            local.shape,
+            local.dtype,
+        ):
+            found = (tuple(got.shape), got.dtype) if isinstance(got, torch.Tensor) else type(got)
+            problems.append(
+                f"{key}: saved {found}, this rank holds {(tuple(local.shape), local.dtype)}"
+            )
+    groups = opt_saved.get("param_groups")
+    if not isinstance(groups, list) or len(groups) != len(osd["param_groups"]):
+        problems.append("optimizer param groups differ")
+        groups = []
+    if problems:
+        raise IncompatibleStateError(
+            f"{where}: this rank's shards do not fit the snapshot ({len(problems)} "
+            "mismatches): " + "; ".join(problems[:5]) + ". Resume from the persistent tier "
+            "(+resume=<step>) or with the model, optimizer and sharding that wrote it.",
+            mismatches=problems,
+            path=where,
+        )
+    with torch.no_grad():
+        for key, live in want.items():
+            if isinstance(live, torch.Tensor):
+                (live.to_local() if isinstance(live, DTensor) else live).copy_(have[key])
+    set_state_dict(
+        model,
+        optimizer,
+        model_state_dict=target[MODEL],
+        optim_state_dict={"state": target[OPTIMIZER], "param_groups": groups},
+    )
