@@ -238,9 +238,7 @@ def test_the_ram_check_runs_again_with_the_first_snapshot_s_real_size(
     ck = checkpointer(tmp_path, signer, trust, prov, final=12)
     real = tiers.shutil.disk_usage
     room = {"free": 1 << 40}
-    monkeypatch.setattr(
-        tiers.shutil, "disk_usage", lambda p: real(p)._replace(free=room["free"])
-    )
+    monkeypatch.setattr(tiers.shutil, "disk_usage", lambda p: real(p)._replace(free=room["free"]))
     state = tiny_state(width=256)
     ck.restore(state, "latest")
     (started,) = [r for r in read(ck.run_dir / "metrics.jsonl") if r.get("event") == "local_tier"]
