@@ -14,6 +14,7 @@ after a save) and the default preemption guard is installed.
 
 from __future__ import annotations
 
+import dataclasses
 import logging
 import threading
 from pathlib import Path
@@ -24,6 +25,7 @@ from recovery.errors import VerificationError
 from recovery.format.layout import METRICS_FILE, is_dcp_shard
 from recovery.integrity.lock import RunLock
 from recovery.integrity.signing import TrustStore
+from recovery.parallel import sharded
 from recovery.parallel import world as distributed
 from recovery.parallel.world import World
 from recovery.provenance import purpose
@@ -34,7 +36,8 @@ from recovery.run.differential import Differential
 from recovery.run.journal import Journal
 from recovery.run.preemption import PreemptionGuard
 from recovery.run.watch import Watch
-from recovery.state.registry import TrainState
+from recovery.state.health import UPDATE
+from recovery.state.registry import MODEL, TrainState
 
 if TYPE_CHECKING:
     from recovery.run.localtier import LocalTier
@@ -236,6 +239,9 @@ class Restoring:
             self._event(selfcheck.skipped(ident.step, "resharded onto another world size"))
         # another run's checkpoint continued knowingly: this journal's steps are not its own
         elif check.enabled and replaced is None:
+            if self.world.rank and sharded.is_sharded(state.components.get(MODEL)):
+                # the journal's update sizes are rank 0's shard's: another rank's differ
+                check = dataclasses.replace(check, ignore=[*check.ignore, UPDATE])
             self._check = selfcheck.ResumeCheck(
                 recorded,
                 resumed_at=ident.step,

@@ -11,7 +11,7 @@ import pytest
 import torch
 import torch.multiprocessing as mp
 
-from recovery.config import CheckpointConfig, LocalConfig
+from recovery.config import CheckpointConfig, LocalConfig, ResumeCheckConfig
 from recovery.errors import CommitError, ConfigError
 from recovery.parallel import replicas, transfer
 from recovery.parallel.world import World
@@ -176,11 +176,13 @@ def test_two_ranks_send_each_other_their_snapshot_at_once(tmp_path):
         assert [p.name for p in copy.iterdir()] == ["step-00000003"]  # no temp left
 
 
-def _step(state, draws: list) -> None:
+def _step(state, draws: list) -> float:
     """A training step (dropout off: the parameters stay replicated across ranks, as DDP
-    keeps them), then a draw from this rank's torch RNG stream, which differs per rank."""
-    train_steps(state, 1)
+    keeps them), then a draw from this rank's torch RNG stream, which differs per rank;
+    the step's loss."""
+    [loss] = train_steps(state, 1)
     draws.append(int(torch.randint(0, 2**31, (1,))))
+    return loss
 
 
 def _trained(rank: int, steps: int) -> list:
@@ -230,7 +232,12 @@ def _tiered_rank(
         state = tiny_state() if strategy == "ddp" else _fsdp_state()
         local = LocalConfig(every_steps=2, root=str(Path(tmp) / f"shm{rank}"))
         cfg = CheckpointConfig(
-            root=tmp, every_steps=6, keep_last=2, local=local, async_save=async_save
+            root=tmp,
+            every_steps=6,
+            keep_last=2,
+            local=local,
+            async_save=async_save,
+            resume_check=ResumeCheckConfig(strict=True),  # the redone step 9, exactly
         )
         ck = Checkpointer(
             cfg,
@@ -249,7 +256,7 @@ def _tiered_rank(
         if start == 0:
             torch.manual_seed(100 + rank)
         for step in range(start + 1, steps + 1):
-            _step(state, draws)
+            ck.record(step, loss=_step(state, draws))
             ck.maybe_save(state, step)
         ck.close()
         full = [
