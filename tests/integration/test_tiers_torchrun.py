@@ -60,11 +60,19 @@ def test_a_node_lost_with_its_ram_is_restored_from_its_peers_copy_bit_identical(
     first = nodes(free_port(), PAUSE)
     launcher.wait_until(lambda: all(a.mark.exists() for a in first), f"both nodes at {PAUSE}")
     assert committed(root / "r") == [10, 20, 30]
-    for n in range(2):  # each node: its rank's snapshot of 33 and a copy of the other's
-        [run] = ram[n].iterdir()
-        names = sorted(p.name for p in run.iterdir())
-        assert len(names) == 2 and names[0].startswith("rank") and "replica-rank" in names[1]
-        assert all([s.name for s in (run / d).iterdir()] == ["step-00000033"] for d in names)
+
+    def settled() -> bool:  # each node: its rank's snapshot of 33 and a copy of the other's
+        # (the round that sends step 33 runs on in the background while the workers pause)
+        for n in range(2):
+            runs = list(ram[n].iterdir())
+            dirs = sorted(d.name for d in runs[0].iterdir()) if len(runs) == 1 else []
+            if not (len(dirs) == 2 and dirs[0].startswith("rank") and "replica" in dirs[1]):
+                return False
+            if any([s.name for s in (runs[0] / d).iterdir()] != ["step-00000033"] for d in dirs):
+                return False
+        return True
+
+    launcher.wait_until(settled, "the copies of step 33 on both nodes", timeout=60)
     lost = first[1]
     worker = lost.paused_worker()
     lost.proc.send_signal(signal.SIGKILL)
