@@ -79,6 +79,7 @@ bench-diff: $(STAMP)
 	$(BIN)/python benchmarks/bench_differential.py --users 2000000 --items 500000 --intervals 50,100 --json .bench-diff-large.json
 	$(BIN)/python benchmarks/bench_differential.py --dvc --intervals 50 --steps 500 --runs 1 --json .bench-diff-dvc.json
 
-# Failures injected into one run, one tier against two (SIGKILL at random steps, own-loop subprocesses).
+# Failures injected into one run, one tier against two (SIGKILL at random steps, own-loop subprocesses),
+# each layout at its Young/Daly interval from a calibration pass; medians of 3 runs (about 15 min).
 bench-tiers: $(STAMP)
-	$(BIN)/python benchmarks/bench_tiers.py --size-mb 1024 --steps 400 --step-ms 200 --kills 4 --every 100 --local-every 10 --async --json .bench-tiers.json
+	$(BIN)/python benchmarks/bench_tiers.py --size-mb 1024 --steps 400 --step-ms 200 --kills 4 --async --hash blake3 --repeat 3 --json .bench-tiers.json

@@ -103,7 +103,8 @@ def test_sigkill_in_every_phase_of_both_tiers_resumes_the_newest_verified_step_e
 
 def test_the_tiers_benchmark_runs_end_to_end(tmp_path):
     """make bench-tiers on a tiny state (speed is never asserted): one kill, the two-tier
-    layout alone (each layout's processes cost ~10 s of start-up here)."""
+    layout alone at the intervals given (each layout's processes cost ~10 s of start-up
+    here, the calibration pass two more: its arithmetic is tests/unit/test_bench_tiers.py's)."""
     from tests import launcher
 
     out = tmp_path / "bench.json"
@@ -116,6 +117,7 @@ def test_the_tiers_benchmark_runs_end_to_end(tmp_path):
     result = json.loads(out.read_text())
     (kill,) = result["kills"]
     two = result["two_tiers"]
-    assert two["redone"] == [kill % 2] and "one_tier" not in result
+    assert two["runs"][0]["redone"] == [kill % 2] and "one_tier" not in result
+    assert result["intervals"] == {"given": True, "every": 6, "local_every": 2}
     assert two["local_resume"]["verified_load_s"] > 0
     assert "two tiers: " in done.stdout and "local resume: verified load" in done.stdout
