@@ -2,13 +2,13 @@
 
 A local-tier snapshot under ``torchrun`` (:mod:`recovery.run.peertier`) holds what its
 rank holds. With FSDP2 that is each DTensor's local shard: :func:`of` takes model and
-optimizer through DCP's state-dict API (keys that name parameters, the optimizer's
-moments initialised if it has not stepped yet) and keeps every DTensor's local tensor
-(a view, not a copy). :func:`load` puts such a tree back into the same ranks' shards: it
-reads the live state the same way, checks every key, shape and dtype against it first,
-copies the saved shards into copies of the live DTensors, and only then applies them
-(``set_state_dict``), so a refused load changes nothing. It serves the same world and
-the same sharding only: a snapshot is resumed by the rank that took it.
+optimizer through DCP's state-dict API (keys that name parameters; an optimizer without
+state is not handed to it, which would step it once to make some) and keeps every
+DTensor's local tensor (a view, not a copy). :func:`load` puts such a tree back into the
+same ranks' shards: it reads the live state the same way, checks every key, shape and
+dtype against it first, copies the saved shards into copies of the live DTensors, and
+only then applies them (``set_state_dict``). It serves the same world and the same
+sharding only: a snapshot is resumed by the rank that took it.
 """
 
 from __future__ import annotations
@@ -25,7 +25,8 @@ from recovery.parallel import sharded
 MODEL, OPTIMIZER = sharded.SHARDED
 
 
-def _local(tree: Any) -> Any:
+def local(tree: Any) -> Any:
+    """``tree`` with every DTensor replaced by its local tensor (a view)."""
     from torch.distributed.tensor import DTensor
 
     return tree_map_only(DTensor, lambda t: t.to_local(), tree)
@@ -34,11 +35,27 @@ def _local(tree: Any) -> Any:
 def of(model: torch.nn.Module, optimizer: torch.optim.Optimizer) -> dict[str, Any]:
     """``{"model": ..., "optimizer": {"state": ..., "param_groups": ...}}``: this rank's
     shards of ``model`` and ``optimizer`` (the live tensors), keyed by parameter name."""
+    if not optimizer.state:  # DCP's API would step it once (lr 0) to make its state
+        return {MODEL: local(model.state_dict()), OPTIMIZER: _stateless(model, optimizer)}
     tensors, groups = sharded.state_of(model, optimizer)
     return {
-        MODEL: _local(tensors[MODEL]),
-        OPTIMIZER: {"state": _local(tensors[OPTIMIZER]), **groups},
+        MODEL: local(tensors[MODEL]),
+        OPTIMIZER: {"state": local(tensors[OPTIMIZER]), **groups},
     }
+
+
+def _stateless(model: torch.nn.Module, optimizer: torch.optim.Optimizer) -> dict[str, Any]:
+    """An optimizer without state (plain SGD) as DCP's API gives one: its param groups,
+    each naming its parameters."""
+    names = {id(p): n for n, p in model.named_parameters()}
+    groups = [
+        {
+            **{k: v for k, v in g.items() if k != "params"},
+            "params": [names[id(p)] for p in g["params"]],
+        }
+        for g in optimizer.param_groups
+    ]
+    return {"state": {}, "param_groups": groups}
 
 
 def _leaves(tree: Any, prefix: str = "") -> dict[str, Any]:
@@ -75,19 +92,25 @@ def load(
     for key in sorted(want.keys() & have.keys()):
         live, got = want[key], have[key]
         if not isinstance(live, torch.Tensor):
+            if isinstance(got, torch.Tensor) or type(got) is not type(live):
+                problems.append(
+                    f"{key}: saved {type(got).__name__}, this run {type(live).__name__}"
+                )
             continue
-        local = live.to_local() if isinstance(live, DTensor) else live
+        mine = live.to_local() if isinstance(live, DTensor) else live
         if not isinstance(got, torch.Tensor) or (got.shape, got.dtype) != (
-            local.shape,
-            local.dtype,
+            mine.shape,
+            mine.dtype,
         ):
             found = (tuple(got.shape), got.dtype) if isinstance(got, torch.Tensor) else type(got)
             problems.append(
-                f"{key}: saved {found}, this rank holds {(tuple(local.shape), local.dtype)}"
+                f"{key}: saved {found}, this rank holds {(tuple(mine.shape), mine.dtype)}"
             )
     groups = opt_saved.get("param_groups")
-    if not isinstance(groups, list) or len(groups) != len(osd["param_groups"]):
-        problems.append("optimizer param groups differ")
+    names = [g.get("params") if isinstance(g, dict) else None for g in groups or []]
+    live_groups: list[Any] = list(osd["param_groups"])
+    if not isinstance(groups, list) or names != [g["params"] for g in live_groups]:
+        problems.append("optimizer param groups differ (their parameters, by name)")
         groups = []
     if problems:
         raise IncompatibleStateError(
@@ -101,9 +124,18 @@ def load(
         for key, live in want.items():
             if isinstance(live, torch.Tensor):
                 (live.to_local() if isinstance(live, DTensor) else live).copy_(have[key])
+    target = _fill(target, {MODEL: saved.get(MODEL), OPTIMIZER: opt_saved.get("state")})
     set_state_dict(
         model,
         optimizer,
         model_state_dict=target[MODEL],
         optim_state_dict={"state": target[OPTIMIZER], "param_groups": groups},
     )
+
+
+def _fill(target: Any, saved: Any) -> Any:
+    """``target`` (tensors already filled) with every non-tensor leaf taken from ``saved``
+    (an optimizer's plain-number state: LBFGS's counters)."""
+    if isinstance(target, dict):
+        return {k: _fill(v, saved[k]) for k, v in target.items()}
+    return target if isinstance(target, torch.Tensor) else saved

@@ -27,6 +27,8 @@ from recovery.integrity.reaping import fsync_dir
 Group = dist.ProcessGroup | None
 _TAGS = 1 << 16
 """Tags per peer: a round's messages to one peer are told apart by their tag."""
+_ACK = _TAGS - 1
+"""The tag (within a peer's) of the receiver's word that its copy is committed."""
 
 
 def listing(path: Path) -> list[tuple[str, int]]:
@@ -76,7 +78,8 @@ def exchange(
     """Send each ``(directory, rank)`` of ``send`` and receive each ``(rank, final)`` of
     ``receive`` at once (every sender and receiver of a round calls it with the pairs it
     takes part in); each received directory is committed at its ``final`` path (an older
-    one there is replaced). Returns the received paths.
+    one there is replaced). Returns, once every copy this rank sent is committed where it
+    went, the received paths.
 
     Raises:
         CommitError: a peer sent an unsafe file name.
@@ -97,8 +100,20 @@ def exchange(
                     read[path / name] = _read(path / name)
                 tensor = read[path / name]
                 pending.append(dist.isend(tensor, dst, group=group, tag=k * _TAGS + 2 + i))
-    received = [_receive(src, final, k, group) for k, (src, final) in enumerate(receive)]
-    for work in pending:
+    # each receiver says once its copy is committed: a sender's round ends only then, so
+    # what it does next (retire its older snapshot) never outruns the peers' copies
+    acks = [torch.zeros(1, dtype=torch.int64) for _ in send]
+    heard = [
+        dist.irecv(a, dst, group=group, tag=k * _TAGS + _ACK)
+        for k, (a, (_, dst)) in enumerate(zip(acks, send, strict=True))
+    ]
+    received = []
+    for k, (src, final) in enumerate(receive):
+        received.append(_receive(src, final, k, group))
+        pending.append(
+            dist.isend(torch.ones(1, dtype=torch.int64), src, group=group, tag=k * _TAGS + _ACK)
+        )
+    for work in [*pending, *heard]:
         if work is not None:
             work.wait()
     return received

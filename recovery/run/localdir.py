@@ -9,7 +9,9 @@ from __future__ import annotations
 import contextlib
 import logging
 import shutil
+from collections.abc import Callable
 from pathlib import Path
+from typing import Any
 
 from recovery.errors import RecoveryError, RunDirInUseError
 from recovery.format.layout import scan
@@ -27,6 +29,44 @@ class LocalDir:
         self.dir = tiers.local_dir(root, run_dir, rank)
         self._private: private.PrivateDir | None = None
         """The local directory, held open once :meth:`prepare` made or checked it."""
+
+    def reserve(
+        self,
+        nbytes: int,
+        freeable: list[Path],
+        *,
+        staging: int,
+        copies: int,
+        every: int,
+        event: Callable[[dict[str, Any]], None],
+    ) -> None:
+        """Check that ``copies`` snapshots of ``nbytes`` fit (the ``freeable`` ones counted as
+        free: :func:`recovery.run.tiers.fit`), then say what they reserve (log, journal).
+
+        Raises:
+            StorageError: they do not fit (one line, before the first step).
+        """
+        available = tiers.fit(self.dir, nbytes, freeable, staging=staging, copies=copies)
+        log.info(
+            "local tier: %s, a snapshot every %d steps, about %.1f MiB each, at most %d held "
+            "(%.1f MiB of %.1f MiB free)",
+            self.dir,
+            every,
+            nbytes / (1 << 20),
+            copies,
+            copies * nbytes / (1 << 20),
+            available / (1 << 20),
+        )
+        event(
+            {
+                "event": "local_tier",
+                "dir": str(self.dir),
+                "every_steps": every,
+                "snapshot_bytes": nbytes,
+                "held_max": copies,
+                "free_bytes": available,
+            }
+        )
 
     def held(self) -> list[tuple[int, Path]]:
         """The committed snapshots in the local directory, oldest first (not verified)."""

@@ -151,34 +151,18 @@ class LocalTier(LocalDir):
             )
             commit.discard(path)
         if self.peers is not None:
+            self.peers.adopt(resumed, self.dir)  # ranks that moved: into their own directory
             self.peers.tidy(step)
-        _, tensors = split(peertier.tree(state, shards=self.shards))
-        nbytes = sum(t.numel() * t.element_size() for ts in tensors.values() for t in ts.values())
+        nbytes = peertier.nbytes(state, shards=self.shards)
         # a fresh run's optimizer state is not there yet: checked again after the first
         # snapshot (:meth:`_recheck`); the staging buffers are another copy in RAM
-        held = [p for _, p in self.held()]
-        available = tiers.fit(
-            self.dir, nbytes, held, staging=nbytes if self._staging else 0, copies=self._copies()
-        )
-        log.info(
-            "local tier: %s, a snapshot every %d steps, about %.1f MiB each, at most %d held "
-            "(%.1f MiB of %.1f MiB free)",
-            self.dir,
-            self.every,
-            nbytes / (1 << 20),
-            tiers.HELD,
-            tiers.HELD * nbytes / (1 << 20),
-            available / (1 << 20),
-        )
-        self.event(
-            {
-                "event": "local_tier",
-                "dir": str(self.dir),
-                "every_steps": self.every,
-                "snapshot_bytes": nbytes,
-                "held_max": tiers.HELD,
-                "free_bytes": available,
-            }
+        self.reserve(
+            nbytes,
+            self._freeable(),
+            staging=nbytes if self._staging else 0,
+            copies=self._copies(),
+            every=self.every,
+            event=self.event,
         )
         if resumed is None or resumed.parent != self.dir or self.peers is not None:
             return False  # under torchrun the persistent tier is not promoted (peertier)
@@ -285,6 +269,11 @@ class LocalTier(LocalDir):
 
     def _retire(self, newest: int) -> None:
         """Delete the snapshots older than ``newest`` (committed) but those ``_pinned``."""
+        try:
+            self.check()  # never delete through a directory swapped in since
+        except RecoveryError as err:
+            log.warning("not retiring older local snapshots: %s", err)
+            return
         for path in tiers.retire(self.held(), newest, self._pinned):
             commit.discard(path)
 
@@ -386,8 +375,12 @@ class LocalTier(LocalDir):
         if self._rechecked or not self.snapshot_bytes:
             return
         self._rechecked = True
-        held = [p for _, p in self.held()]
-        tiers.fit(self.dir, self.snapshot_bytes, held, staging=0, copies=self._copies())
+        tiers.fit(self.dir, self.snapshot_bytes, self._freeable(), staging=0, copies=self._copies())
+
+    def _freeable(self) -> list[Path]:
+        """The snapshots whose room the check counts as free (they are replaced): this
+        rank's, or under torchrun every one in the node's run directory."""
+        return self.peers.node_held() if self.peers is not None else [p for _, p in self.held()]
 
     def _copies(self) -> int:
         """The snapshot-sized copies this rank keeps at most: its own (:data:`~recovery.run.

@@ -35,11 +35,13 @@ import json
 import logging
 import os
 import shutil
-import socket
 import threading
+import uuid
 from collections.abc import Callable
 from pathlib import Path
 from typing import Any
+
+from torch import Tensor
 
 from recovery.config import LocalConfig
 from recovery.errors import ConfigError, RecoveryError
@@ -66,12 +68,13 @@ class Peers:
         self.node_dir = node_dir
         """The run's directory on this node (``rank<r>/`` and ``replica-rank<s>/`` in it)."""
         per_node = int(os.environ.get("LOCAL_WORLD_SIZE", "1") or 1)
-        if not distributed.all_ok(per_node == distributed.broadcast_int(per_node)):
+        first = distributed.broadcast_int(per_node)
+        if not distributed.all_ok(per_node == first) and cfg.replicas and not cfg.replica_spacing:
             raise ConfigError(
-                "checkpoint.local.replicas: the nodes run different numbers of ranks "
-                f"(LOCAL_WORLD_SIZE {per_node} here, another on rank 0), so the default "
-                "spacing differs; set checkpoint.local.replica_spacing= to the ranks on "
-                "each node of the larger kind, or checkpoint.local.replicas=0"
+                "checkpoint.local.replica_spacing=0 takes the spacing from the ranks per "
+                f"node, and the nodes run different numbers (LOCAL_WORLD_SIZE {first} on rank "
+                "0, another elsewhere); set checkpoint.local.replica_spacing= to one of them, "
+                "or checkpoint.local.replicas=0"
             )
         space = replicas.spacing(cfg.replica_spacing, per_node)
         one_node = cfg.replica_spacing == 0 and per_node >= world.size
@@ -105,9 +108,16 @@ class Peers:
             where = self.replica_dir(source)
             self._dirs.append(private.PrivateDir(root, where, key="checkpoint.local.root"))
             commit.remove_stale(where)
-        st = self.node_dir.stat()
-        here = f"{socket.gethostname()}:{st.st_dev}:{st.st_ino}"
-        self.node_ranks = [r for r, t in enumerate(distributed.gather_text(here)) if t == here]
+        # the ranks that see this directory: each leaves a token in it, and reads the others'
+        # (not a host name or an inode: a root on a filesystem hosts share is one "node")
+        nonce = distributed.broadcast_text(uuid.uuid4().hex)
+        token = self.node_dir / f".member-{nonce}-{self.world.rank}"
+        token.touch()
+        distributed.barrier()
+        seen = [m.name.rsplit("-", 1)[1] for m in self.node_dir.glob(f".member-{nonce}-*")]
+        self.node_ranks = sorted(int(r) for r in seen if r.isdigit())
+        distributed.barrier()
+        token.unlink()
 
     def copies(self) -> int:
         """The snapshot-sized copies of peers' state this rank keeps in RAM at most: the
@@ -152,6 +162,20 @@ class Peers:
                 return path
 
             self._writer.submit(run)
+
+    def adopt(self, resumed: Path | None, own_dir: Path) -> None:
+        """The snapshot this rank resumed, when it is one of this node's other directories
+        (a rank that moved nodes, a copy): moved into ``own_dir``, so :meth:`tidy` keeps it."""
+        if resumed is None or resumed.parent == own_dir or resumed.parent.parent != self.node_dir:
+            return
+        with contextlib.suppress(FileNotFoundError, FileExistsError, OSError):
+            os.rename(resumed, own_dir / resumed.name)
+
+    def node_held(self) -> list[Path]:
+        """Every committed snapshot in this node's run directory (own ones and copies, this
+        rank's and the others'): what the RAM check counts as replaced, not added."""
+        dirs = [e for e in self.node_dir.iterdir() if replicas.owner_of(e.name) is not None]
+        return [p for d in dirs if d.is_dir() for _, p in scan(d).committed]
 
     def tidy(self, step: int) -> None:
         """At the run's first step ``step``, after every rank's resume read what it needed:
@@ -253,12 +277,9 @@ class Peers:
             return self._writer.wait()
 
     def raise_if_failed(self) -> None:
-        """Raise a finished round's failure, once (not while a round is being submitted)."""
-        if self._lock.acquire(blocking=False):
-            try:
-                self._writer.raise_if_failed()
-            finally:
-                self._lock.release()
+        """Raise a finished round's failure, once (after a round being submitted is)."""
+        with self._lock:
+            self._writer.raise_if_failed()
 
     def close(self, remove: bool) -> None:
         """Stop the background thread; with ``remove``, delete this rank's copies of peers'
@@ -323,3 +344,14 @@ def owner(world: World, shards: bool) -> dict[str, Any]:
     """The ``state.json`` record of whose snapshot it is (:data:`~recovery.format.layout.
     RANK_SNAPSHOT`): the rank, the world size, and whether it holds FSDP2 shards."""
     return {"rank": world.rank, "world_size": world.size, **({"sharded": True} if shards else {})}
+
+
+def nbytes(state: TrainState, *, shards: bool) -> int:
+    """The tensor bytes a snapshot of ``state`` holds now (with FSDP2 this rank's shards),
+    read without touching an optimizer that has not stepped yet."""
+    from torch.utils._pytree import tree_leaves
+
+    tree = state.state_dict()
+    if shards:
+        tree = rankstate.local(tree)
+    return sum(t.numel() * t.element_size() for t in tree_leaves(tree) if isinstance(t, Tensor))

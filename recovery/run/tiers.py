@@ -67,6 +67,7 @@ Design (issue 30):
 
 from __future__ import annotations
 
+import contextlib
 import hashlib
 import shutil
 from collections.abc import Callable, Collection, Sequence
@@ -232,7 +233,11 @@ def ram_available(path: Path) -> int | None:
 
 def size(path: Path) -> int:
     """The bytes of the files under ``path`` (a snapshot directory)."""
-    return sum(f.stat().st_size for f in path.rglob("*") if f.is_file() and not f.is_symlink())
+    total = 0
+    for f in path.rglob("*"):
+        with contextlib.suppress(FileNotFoundError):  # retired meanwhile (another thread)
+            total += f.stat().st_size if f.is_file() and not f.is_symlink() else 0
+    return total
 
 
 def fit(
