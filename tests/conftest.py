@@ -240,6 +240,7 @@ COST_BY_NAME = {
     "test_time_to_first_resumed_step_is_measured_against_both_baselines": 35,
     "test_drill_passes_with_ten_kills_in_every_window_with_async_writes": 34,
     "test_two_agents_as_two_nodes_killed_and_restarted_resume_bit_identical": 17,
+    "test_a_node_lost_with_its_ram_is_restored_from_its_peers_copy_bit_identical": 15,
     "test_a_rank_killed_mid_save_commits_nothing_and_the_job_resumes": 30,
     "test_drill_passes_on_the_classifier_with_workers_amp_and_async_saves": 29,
     "test_torchrun_restarts_a_job_whose_rank_was_killed_and_it_resumes_bit_identical": 15,
