@@ -27,6 +27,8 @@ from recovery.integrity.reaping import fsync_dir
 Group = dist.ProcessGroup | None
 _TAGS = 1 << 16
 """Tags per peer: a round's messages to one peer are told apart by their tag."""
+_HEADER_MAX = 1 << 24
+"""The longest file list a peer may announce (bytes of JSON)."""
 _ACK = _TAGS - 1
 """The tag (within a peer's) of the receiver's word that its copy is committed."""
 
@@ -45,6 +47,8 @@ def check_names(names: Sequence[tuple[str, int]], src: int) -> None:
         CommitError: an absolute, empty or non-canonical name, a ``.`` or ``..``, a name
             given twice, or a negative size.
     """
+    if len(names) > _TAGS - 3:  # one tag per file, beside the list's two and the answer's
+        raise CommitError(f"rank {src} sent {len(names)} files, more than a snapshot holds")
     seen: set[str] = set()
     for name, size in names:
         path = PurePosixPath(name)
@@ -122,10 +126,19 @@ def exchange(
 def _receive(src: int, final: Path, k: int, group: Group) -> Path:
     length = torch.empty(1, dtype=torch.int64)
     dist.recv(length, src, group=group, tag=k * _TAGS)
+    if not 0 <= int(length.item()) <= _HEADER_MAX:
+        raise CommitError(
+            f"rank {src} announced a snapshot file list of {int(length.item())} bytes"
+        )
     raw = torch.empty(int(length.item()), dtype=torch.uint8)
     if raw.numel():
         dist.recv(raw, src, group=group, tag=k * _TAGS + 1)
-    names = [(str(n), int(s)) for n, s in json.loads(bytes(raw.numpy()).decode() or "[]")]
+    try:
+        names = [(str(n), int(s)) for n, s in json.loads(bytes(raw.numpy()).decode() or "[]")]
+    except (ValueError, TypeError) as err:
+        raise CommitError(
+            f"rank {src} sent a snapshot file list that does not parse: {err}"
+        ) from err
     check_names(names, src)
     tmp = temp_dir_for(final)
     tmp.mkdir(parents=True, mode=0o700)

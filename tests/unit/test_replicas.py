@@ -117,6 +117,14 @@ def test_a_peers_file_name_outside_the_snapshot_is_refused(name):
         transfer.check_names([(name, 1)], 3)
 
 
+def test_a_peers_list_given_twice_or_too_long_is_refused():
+    with pytest.raises(CommitError, match="rank 3 sent a snapshot file named 'a'"):
+        transfer.check_names([("a", 1), ("a", 2)], 3)
+    with pytest.raises(CommitError, match="rank 3 sent 65534 files"):
+        transfer.check_names([(f"f{i}", 1) for i in range(65534)], 3)
+    transfer.check_names([(f"f{i}", 1) for i in range(3)], 3)
+
+
 def _ring(rank: int, port: int, root: str) -> None:
     os.environ.update(MASTER_ADDR="127.0.0.1", MASTER_PORT=str(port))
     torch.distributed.init_process_group("gloo", rank=rank, world_size=2)
