@@ -102,8 +102,10 @@ def test_drill_with_a_kill_during_the_dvc_push_and_a_branch(
     monkeypatch.chdir(ROOT)
     monkeypatch.delenv("RECOVERY_DRILL_DROP", raising=False)
     code = cli.main(drill_args(tmp_path, data_root, "--kills", "5", "--seed", "0", "--dvc"))
-    capsys.readouterr()
-    saved = json.loads((tmp_path / "drill" / "drill.json").read_text())
+    said = capsys.readouterr()
+    report = tmp_path / "drill" / "drill.json"
+    assert report.exists(), f"exit {code}, no {report}:\n{said.out}\n{said.err}"  # why, if not
+    saved = json.loads(report.read_text())
     assert code == 0, saved["differences"]
     assert saved["passed"]
     # the seed draws the push as the publisher's one kill (register or a deletion for others)
