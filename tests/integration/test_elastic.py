@@ -282,13 +282,7 @@ def test_two_agents_as_two_nodes_killed_and_restarted_resume_bit_identical(
     port = {"first": free_port(), "second": free_port()}
 
     def nodes(tag: str, pause_at: str = "") -> list[Agent]:
-        args = [
-            "--nnodes=2",
-            "--nproc-per-node=1",
-            "--rdzv-backend=c10d",
-            f"--rdzv-endpoint=127.0.0.1:{port[tag]}",
-            f"--rdzv-id={rdzv}",
-        ]
+        args = two_nodes(port[tag], rdzv)
         return [
             launcher.start(root, f"{tag}-node{n}", args, "+resume=latest", pause_at=pause_at)
             for n in range(2)
@@ -322,6 +316,17 @@ def test_two_agents_as_two_nodes_killed_and_restarted_resume_bit_identical(
     assert [e["event"] for e in events] == ["start", "resume"]
     assert events[1]["step"] == 30 and events[1]["world_size"] == 2
     assert_same_job(reference, root / "r", trust, ranks=2)
+
+
+def two_nodes(port: int, rdzv: str) -> list[str]:
+    """torchrun's arguments for one of two agents (one rank each) meeting at ``port``."""
+    return [
+        "--nnodes=2",
+        "--nproc-per-node=1",
+        "--rdzv-backend=c10d",
+        f"--rdzv-endpoint=127.0.0.1:{port}",
+        f"--rdzv-id={rdzv}",
+    ]
 
 
 def listens(agent: Agent, port: int) -> bool:

@@ -37,13 +37,7 @@ def test_a_node_lost_with_its_ram_is_restored_from_its_peers_copy_bit_identical(
     ram = {n: tmp_path / f"ram{n}" for n in range(2)}
 
     def nodes(port: int, pause_at: str = "") -> list[Agent]:
-        args = [
-            "--nnodes=2",
-            "--nproc-per-node=1",
-            "--rdzv-backend=c10d",
-            f"--rdzv-endpoint=127.0.0.1:{port}",
-            f"--rdzv-id={rdzv}",
-        ]
+        args = elastic.two_nodes(port, rdzv)
         tier = ["checkpoint.local.every_steps=3", "+resume=latest"]
         return [
             launcher.start(

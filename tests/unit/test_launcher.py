@@ -207,7 +207,9 @@ SETPRIV = [
 
 
 @pytest.mark.skipif(
-    os.geteuid() != 0 or shutil.which("setpriv") is None, reason="setpriv drops root's"
+    os.geteuid() != 0 or shutil.which("setpriv") is None,
+    reason="needs root and util-linux's setpriv: it compares the capabilities setpriv leaves "
+    "root with those of the forked child (CI runs as root, with setpriv)",
 )
 def test_a_setpriv_prefix_leaves_the_child_the_capabilities_the_execd_command_has(tmp_path):
     secret = tmp_path / "secret"
