@@ -212,6 +212,12 @@ def test_a_disk_filling_during_a_save_is_exit_28_whenever_it_is_met(
             assert proc.poll() is None and time.monotonic() < deadline
             time.sleep(0.05)
         run_dir = root / "r"
+        # paused on the training thread at step 15, step 10's background save may still be
+        # writing (CI under load): the disk fills only once it has committed, else that
+        # save, not the one under test, meets the full disk and nothing is left to verify
+        while not any(parse_step(p.name) is not None for p in run_dir.iterdir()):
+            assert proc.poll() is None and time.monotonic() < deadline
+            time.sleep(0.05)
         pad_journal(run_dir / METRICS_FILE, slack=room)
         fill(small_disk)
         release.touch()
