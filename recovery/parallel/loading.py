@@ -87,10 +87,11 @@ def load_state(
                 mismatches=[f"rank {owner.get('rank')} of {saved_size}"],
                 path=path,
             )
-    shards = isinstance(owner, dict) and bool(owner.get("sharded"))  # this rank's FSDP2 shards
-    if not (via_dcp or shards):
+    # model and optimizer by parameter name (FSDP2: this rank's shards): rankstate loads them
+    named = isinstance(owner, dict) and bool(owner.get("by_name"))
+    if not (via_dcp or named):
         sharded.refuse_plain_into_sharded(state.components.get(MODEL), path)
-    plain = [n for n in state.components if not ((via_dcp or shards) and n in sharded.SHARDED)]
+    plain = [n for n in state.components if not ((via_dcp or named) and n in sharded.SHARDED)]
     problems = state.mismatches(tree, only=plain)
     own: dict[str, Any] | None = None
     if saved_size == world.size:  # the same ranks: each continues its own RNG streams exactly
@@ -103,7 +104,7 @@ def load_state(
             mismatches=problems,
             path=path,
         )
-    if shards:
+    if named:
         rankstate.load(state.components[MODEL], state.components[OPTIMIZER], tree, where=path)
     if isinstance(spread, dict):
         sharded.load(

@@ -1,7 +1,8 @@
-"""One rank's own part of a sharded (FSDP2) model and optimizer, as a plain tree, and back.
+"""One rank's own part of a model and optimizer under torchrun, as a plain tree, and back.
 
 A local-tier snapshot under ``torchrun`` (:mod:`recovery.run.peertier`) holds what its
-rank holds. With FSDP2 that is each DTensor's local shard: :func:`of` takes model and
+rank holds, keyed by parameter name: with DDP the replicated tensors, with FSDP2 each
+DTensor's local shard: :func:`of` takes model and
 optimizer through DCP's state-dict API (keys that name parameters; an optimizer without
 state is not handed to it, which would step it once to make some) and keeps every
 DTensor's local tensor (a view, not a copy). :func:`load` puts such a tree back into the
@@ -21,6 +22,7 @@ from torch.utils._pytree import tree_map_only
 
 from recovery.errors import IncompatibleStateError
 from recovery.parallel import sharded
+from recovery.state import wrapping
 
 MODEL, OPTIMIZER = sharded.SHARDED
 
@@ -32,22 +34,28 @@ def local(tree: Any) -> Any:
     return tree_map_only(DTensor, lambda t: t.to_local(), tree)
 
 
-def of(model: torch.nn.Module, optimizer: torch.optim.Optimizer) -> dict[str, Any]:
-    """``{"model": ..., "optimizer": {"state": ..., "param_groups": ...}}``: this rank's
-    shards of ``model`` and ``optimizer`` (the live tensors), keyed by parameter name."""
+def view(model: torch.nn.Module, optimizer: torch.optim.Optimizer) -> dict[str, Any]:
+    """``{"model": ..., "optimizer": {"state": ..., "param_groups": ...}}``: ``model`` and
+    ``optimizer`` as DCP's state-dict API gives them (the live tensors, keyed by parameter
+    name; FSDP2's as DTensors), an optimizer without state without calling that API."""
     if not optimizer.state:  # DCP's API would step it once (lr 0) to make its state
-        return {MODEL: local(model.state_dict()), OPTIMIZER: _stateless(model, optimizer)}
+        from torch.distributed.checkpoint.state_dict import get_model_state_dict
+
+        return {MODEL: get_model_state_dict(model), OPTIMIZER: _stateless(model, optimizer)}
     tensors, groups = sharded.state_of(model, optimizer)
-    return {
-        MODEL: local(tensors[MODEL]),
-        OPTIMIZER: {"state": local(tensors[OPTIMIZER]), **groups},
-    }
+    return {MODEL: tensors[MODEL], OPTIMIZER: {"state": tensors[OPTIMIZER], **groups}}
+
+
+def of(model: torch.nn.Module, optimizer: torch.optim.Optimizer) -> dict[str, Any]:
+    """:func:`view` with this rank's own shards of every DTensor (views, not copies): what a
+    rank's snapshot holds of ``model`` and ``optimizer``."""
+    return dict(local(view(model, optimizer)))
 
 
 def _stateless(model: torch.nn.Module, optimizer: torch.optim.Optimizer) -> dict[str, Any]:
     """An optimizer without state (plain SGD) as DCP's API gives one: its param groups,
     each naming its parameters."""
-    names = {id(p): n for n, p in model.named_parameters()}
+    names = {id(p): n for n, p in wrapping.canonical(dict(model.named_parameters())).items()}
     groups = [
         {
             **{k: v for k, v in g.items() if k != "params"},

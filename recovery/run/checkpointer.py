@@ -170,7 +170,7 @@ class Checkpointer(Tiered):
                 event=self._event,
                 async_save=cfg.async_save,
                 world=world,
-                shards=world.distributed and strategy == "fsdp",
+                ranks=self._saver if isinstance(self._saver, savers.Ranks) else None,
             )
             if cfg.local.enabled
             else None
@@ -290,8 +290,8 @@ class Checkpointer(Tiered):
             absent=state.absent,
             differential=self.differential.plan(),
         )
-        # promoted from its local snapshot; under torchrun every rank writes its part
-        if self.local is not None and not sync and not self.world.distributed:
+        # promoted from its local snapshot (under torchrun, every rank's: collectively)
+        if self.local is not None and not sync:
             self.pause_s += self.local.save(job, state, waited=waited)
         else:
             self.pause_s += self._saver.save(job, state, waited=waited, sync=sync)

@@ -31,7 +31,8 @@ from recovery.run import peertier, tiers
 from recovery.run.job import SaveJob, Tensors, split
 from recovery.run.localdir import LocalDir
 from recovery.run.peertier import Peers
-from recovery.run.savers import Committed, Cost
+from recovery.run.rankpromotion import RankPromotion
+from recovery.run.savers import Committed, Cost, Ranks
 from recovery.run.staging import Staging
 from recovery.run.writer import BackgroundWriter
 from recovery.state.registry import TrainState
@@ -57,7 +58,7 @@ class LocalTier(LocalDir):
         event: Event,
         async_save: bool = False,
         world: World = SINGLE,
-        shards: bool = False,
+        ranks: Ranks | None = None,
     ) -> None:
         super().__init__(cfg.root, run_dir, rank)
         self.every = cfg.every_steps
@@ -78,11 +79,11 @@ class LocalTier(LocalDir):
         self.skipped = 0
         """Snapshots skipped since the last one was taken (:meth:`busy`)."""
         self.world = world
-        self.shards = shards
-        """Under torchrun with FSDP2: a snapshot holds this rank's shards of model and
-        optimizer (:mod:`recovery.parallel.rankstate`)."""
         self.peers = Peers(cfg, self.dir.parent, world) if world.distributed else None
         """Under ``torchrun``: the copies of snapshots on peers (:mod:`recovery.run.peertier`)."""
+        self.promotion = RankPromotion(ranks, signer) if world.distributed and ranks else None
+        """Under ``torchrun``: promotions written by every rank's collective save, from every
+        rank's snapshot (:mod:`recovery.run.rankpromotion`)."""
 
     def due(self, step: int) -> bool:
         """Whether ``step`` is a local snapshot's step."""
@@ -153,13 +154,14 @@ class LocalTier(LocalDir):
         if self.peers is not None:
             self.peers.adopt(resumed, self.dir)  # ranks that moved: into their own directory
             self.peers.tidy(step)
-        nbytes = peertier.nbytes(state, shards=self.shards)
+        nbytes = peertier.nbytes(state)
         # a fresh run's optimizer state is not there yet: checked again after the first
-        # snapshot (:meth:`_recheck`); the staging buffers are another copy in RAM
+        # snapshot (:meth:`_recheck`); the staging buffers are another copy in RAM, and so
+        # is a snapshot a promotion under torchrun reads back
         self.reserve(
             nbytes,
             self._freeable(),
-            staging=nbytes if self._staging else 0,
+            staging=nbytes * ((self._staging is not None) + (self.promotion is not None)),
             copies=self._copies(),
             every=self.every,
             event=self.event,
@@ -210,17 +212,17 @@ class LocalTier(LocalDir):
             local = dataclasses.replace(
                 local,
                 statement={**local.statement, "rank": self.world.rank},
-                meta={**local.meta, RANK_SNAPSHOT: peertier.owner(self.world, self.shards)},
+                meta={**local.meta, RANK_SNAPSHOT: peertier.owner(self.world)},
             )
         skipped, self.skipped = self.skipped, 0
         if self._staging is None or self._snapshots is None:
             self._recheck()
-            skeletons, tensors = split(peertier.tree(state, shards=self.shards))
+            skeletons, tensors = split(self._tree(state))
             self._commit(local, skeletons, tensors, started, then)
             return time.perf_counter() - started
         self._snapshots.wait()  # the buffers are free once the previous write committed
         self._recheck()
-        staged = self._staging.stage(peertier.tree(state, shards=self.shards))
+        staged = self._staging.stage(self._tree(state))
         pause = time.perf_counter() - started
 
         def run() -> Path:
@@ -282,10 +284,19 @@ class LocalTier(LocalDir):
         return the seconds the training thread spent (the snapshot's). The caller has waited
         for the previous promotion (:meth:`wait`)."""
 
-        def then(path: Path, mf: Manifest, pause: float) -> None:
+        if self.promotion is not None:  # under torchrun: collective, from every rank's
+            then = self.promotion.then(job, state, self._writer, self._pinned, waited=waited)
+            return self.snapshot(job, state, then=then)
+
+        def promote(path: Path, mf: Manifest, pause: float) -> None:
             self.promote(job, path, mf, pause=pause, waited=waited)
 
-        return self.snapshot(job, state, then=then)
+        return self.snapshot(job, state, then=promote)
+
+    def _tree(self, state: TrainState) -> dict[str, Any]:
+        """What a snapshot holds: the state's tree; under ``torchrun`` a rank's
+        (:func:`recovery.run.peertier.tree`)."""
+        return peertier.tree(state) if self.world.distributed else state.state_dict()
 
     def promote(
         self, job: SaveJob, path: Path, mf: Manifest, *, pause: float, waited: float

@@ -2,8 +2,9 @@
 of a whole job's local step from what its nodes still hold (issue 30, part 4).
 
 Under ``torchrun`` a rank's local snapshot is a continuation checkpoint of what that rank
-holds (its own RNG streams, the data position, and the replicated model and optimizer of
-DDP or this rank's FSDP2 shards of them: :mod:`recovery.parallel.rankstate`), written by
+holds (its own RNG streams, the data position, and model and optimizer keyed by parameter
+name: DDP's replicated tensors or this rank's FSDP2 shards, :mod:`recovery.parallel.rankstate`),
+written by
 :class:`~recovery.run.localtier.LocalTier` into ``rank<r>/`` of its node's run directory
 in RAM, its statement saying ``rank`` and
 ``world_size``. Once it commits, a background thread sends it over a gloo group of its own
@@ -24,8 +25,8 @@ backend), and lets that rank's resume verify it (signature, every digest) like a
 snapshot; if any rank's does not verify, every rank passes that step over together. Once
 the run starts, the lowest rank of each node removes the node's tier directories no rank
 there uses now (an earlier layout's, or ranks that moved), so no branch the run left
-comes back. The persistent tier under ``torchrun`` is written as before, by every rank
-collectively at its own steps, not promoted from the snapshots.
+comes back. The persistent tier under ``torchrun`` is promoted from the snapshots, every
+rank's collectively (:mod:`recovery.run.rankpromotion`).
 """
 
 from __future__ import annotations
@@ -330,28 +331,26 @@ def single(
     return kept
 
 
-def tree(state: TrainState, *, shards: bool) -> dict[str, Any]:
+def tree(state: TrainState) -> dict[str, Any]:
     """What a rank's snapshot holds of ``state``: every component's state and the RNG
-    streams; with FSDP2 (``shards``) model and optimizer as this rank's own shards
-    (:func:`recovery.parallel.rankstate.of`)."""
+    streams, model and optimizer keyed by parameter name (with FSDP2 this rank's own
+    shards: :func:`recovery.parallel.rankstate.of`), as the persistent tier writes them."""
     taken = state.state_dict()
-    if shards:
-        taken.update(rankstate.of(state.components[MODEL], state.components[OPTIMIZER]))
+    taken.update(rankstate.of(state.components[MODEL], state.components[OPTIMIZER]))
     return taken
 
 
-def owner(world: World, shards: bool) -> dict[str, Any]:
+def owner(world: World) -> dict[str, Any]:
     """The ``state.json`` record of whose snapshot it is (:data:`~recovery.format.layout.
-    RANK_SNAPSHOT`): the rank, the world size, and whether it holds FSDP2 shards."""
-    return {"rank": world.rank, "world_size": world.size, **({"sharded": True} if shards else {})}
+    RANK_SNAPSHOT`): the rank and the world size; ``by_name``: model and optimizer are keyed
+    by parameter name (:func:`tree`)."""
+    return {"rank": world.rank, "world_size": world.size, "by_name": True}
 
 
-def nbytes(state: TrainState, *, shards: bool) -> int:
+def nbytes(state: TrainState) -> int:
     """The tensor bytes a snapshot of ``state`` holds now (with FSDP2 this rank's shards),
     read without touching an optimizer that has not stepped yet."""
     from torch.utils._pytree import tree_leaves
 
-    tree = state.state_dict()
-    if shards:
-        tree = rankstate.local(tree)
+    tree = rankstate.local(state.state_dict())
     return sum(t.numel() * t.element_size() for t in tree_leaves(tree) if isinstance(t, Tensor))

@@ -226,7 +226,9 @@ class Ranks(Inline):
         """
         started = time.perf_counter()
         replicated = split(self._replicated(state))
-        self._commit(job, multirank.live_parts(state), replicated, started, waited, mode="sync")
+        self.commit_parts(
+            job, multirank.live_parts(state), replicated, started, waited, mode="sync"
+        )
         return time.perf_counter() - started
 
     def _replicated(self, state: TrainState) -> dict[str, Any]:
@@ -235,7 +237,7 @@ class Ranks(Inline):
             return {}
         return {n: c.state_dict() for n, c in state.components.items() if n not in sharded.SHARDED}
 
-    def _commit(
+    def commit_parts(
         self,
         job: SaveJob,
         parts: multirank.Parts,
@@ -308,7 +310,7 @@ class RanksBackground(Ranks, Background):
 
         def run() -> Any:
             begun = time.perf_counter()
-            self._commit(
+            self.commit_parts(
                 job, parts, replicated, begun, waited, mode="async", pause=pause, comm=self._group
             )
             return job.final

@@ -70,7 +70,7 @@ class Staging:
 
         For DCP state dicts (``{"model": ..., "optimizer": ...}``): dicts, lists
         and tuples are rebuilt, other leaves (numbers, strings) kept as they are.
-        A DTensor's local shard is staged and wrapped again (:func:`_host_dtensor`).
+        A DTensor's local shard is staged and wrapped again (:func:`host_dtensor`).
         Call :func:`synchronize` once the whole snapshot is staged.
         """
         if isinstance(tree, dict):
@@ -83,7 +83,7 @@ class Staging:
         buf = self._buffer(("", prefix), local)
         with torch.no_grad():
             buf.copy_(local, non_blocking=local.device.type == "cuda")
-        return _host_dtensor(buf, tree) if local is not tree else buf
+        return host_dtensor(buf, tree) if local is not tree else buf
 
     def stage(self, tree: dict[str, Any]) -> Staged:
         """Copy ``tree`` (component name -> state) into the buffers; return the snapshot."""
@@ -113,7 +113,7 @@ def _is_dtensor(t: torch.Tensor) -> bool:
     return callable(getattr(t, "to_local", None)) and hasattr(t, "placements")
 
 
-def _host_dtensor(local: torch.Tensor, like: Any) -> torch.Tensor:
+def host_dtensor(local: torch.Tensor, like: Any) -> torch.Tensor:
     """A DTensor over the host tensor ``local`` with ``like``'s mesh, placements, shape, stride."""
     from torch.distributed.tensor import DTensor
 

@@ -1,5 +1,6 @@
 """The local tier under torchrun: a node lost with its RAM, its ranks' snapshots restored
-from the copies their peers hold (issue 30, part 4)."""
+from the copies their peers hold (issue 30, part 4); the persistent tier promoted from the
+ranks' snapshots (part 2)."""
 
 from __future__ import annotations
 
@@ -10,7 +11,8 @@ import uuid
 import psutil
 import pytest
 
-from recovery.format.layout import METRICS_FILE
+from recovery.format.layout import METRICS_FILE, step_dir_name
+from recovery.integrity import listed
 from tests.integration import test_elastic as elastic
 from tests.integration.test_distributed import assert_same_job
 from tests.integration.test_elastic import PAUSE, Agent, committed, free_port
@@ -85,5 +87,10 @@ def test_a_node_lost_with_its_ram_is_restored_from_its_peers_copy_bit_identical(
     resumes = [r for r in records if r.get("event") == "resume"]
     assert [(r["step"], r["world_size"], r["tier"]) for r in resumes] == [(33, 2, "local")], resumes
     assert "no snapshot of rank" in second[1].output(), second[1].output()
+    # every persistent checkpoint promoted from the ranks' snapshots, none taken again
+    saves = [(r["step"], r["mode"]) for r in records if r.get("event") == "checkpoint"]
+    assert {mode for _, mode in saves} == {"promoted"} and len(saves) >= 4, saves
+    last = root / "r" / step_dir_name(committed(root / "r")[-1])
+    assert listed.read_manifest(last, trust).recovery["promoted"] is True
     assert_same_job(reference, root / "r", trust, ranks=2)
     assert [list(ram[n].iterdir()) for n in range(2)] == [[], []]

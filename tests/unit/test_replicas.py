@@ -3,6 +3,7 @@
 
 from __future__ import annotations
 
+import json
 import os
 import shutil
 from pathlib import Path
@@ -13,6 +14,7 @@ import torch.multiprocessing as mp
 
 from recovery.config import CheckpointConfig, LocalConfig, ResumeCheckConfig
 from recovery.errors import CommitError, ConfigError
+from recovery.integrity import listed
 from recovery.parallel import replicas, transfer
 from recovery.parallel.world import World
 from recovery.run import peertier
@@ -267,6 +269,8 @@ def _tiered_rank(
         for step in range(start + 1, steps + 1):
             ck.record(step, loss=_step(state, draws))
             ck.maybe_save(state, step)
+            if step % 6 == 0:  # the promotion's snapshot written: the next is not skipped busy
+                ck.flush()
         ck.close()
         full = [
             getattr(t, "full_tensor", t.detach)() for t in state.components["model"].parameters()
@@ -340,9 +344,27 @@ def test_fsdp_shards_of_a_node_that_lost_its_ram_come_back_from_its_peer(tmp_pat
     # the reference without the tier: taking snapshots must not change the run
     reference = _run_tiered(tmp_path / "reference", 12, keys, False, "fsdp", local_every=0)
     _run_tiered(tmp_path / "job", 9, keys, False, "fsdp")
+    shutil.copytree(tmp_path / "job", tmp_path / "every-node-lost")
     shutil.rmtree(tmp_path / "job" / "shm1")
     got = _run_tiered(tmp_path / "job", 12, keys, False, "fsdp")
     assert [s for s, _, _ in got] == [8, 8]
     for rank in (0, 1):
         assert got[rank][1] == reference[rank][1]
         assert got[rank][2] == reference[rank][2][8:]
+    # every node's RAM lost: step 6, promoted from both ranks' snapshots into one sharded
+    # checkpoint (the training thread paused for the snapshots alone), resumes exactly
+    lost = tmp_path / "every-node-lost"
+    for rank in (0, 1):
+        shutil.rmtree(lost / f"shm{rank}")
+    journal = (lost / "run" / "metrics.jsonl").read_text()
+    records = [json.loads(line) for line in journal.splitlines()]
+    assert [(r["step"], r["mode"]) for r in records if r.get("event") == "checkpoint"] == [
+        (6, "promoted")
+    ]
+    promoted = listed.read_manifest(lost / "run" / "step-00000006", trust)
+    assert promoted.recovery["promoted"] is True and "tier" not in promoted.recovery
+    got = _run_tiered(lost, 12, keys, False, "fsdp")
+    assert [s for s, _, _ in got] == [6, 6]
+    for rank in (0, 1):
+        assert got[rank][1] == reference[rank][1]
+        assert got[rank][2] == reference[rank][2][6:]

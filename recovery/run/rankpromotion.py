@@ -1,0 +1,198 @@
+"""Promotion under ``torchrun``: the ranks' local snapshots of a step become one persistent
+checkpoint, written collectively in the background (issue 30, part 2).
+
+In one process a promotion copies the snapshot's files (:mod:`recovery.integrity.promote`):
+the persistent checkpoint is the same files. Under ``torchrun`` the persistent tier has
+another layout than a rank's snapshot (DCP's shards of every rank, each rank's RNG streams
+in ``ranks/``, rank 0's replicated components: :mod:`recovery.parallel.multirank`, so that
+it reshards onto any world size), so each rank's promotion thread instead
+
+1. reads its own snapshot of the step back from RAM and verifies it (signature, every
+   digest, the root digest it committed) before decoding a byte of it;
+2. rebuilds what the collective save writes (:func:`parts_of`): model and optimizer as
+   DCP's state-dict API gives them (the snapshot keeps them keyed by parameter name, FSDP2's
+   as this rank's shards, wrapped again as DTensors with the live ones' mesh and
+   placements, recorded at the snapshot), its RNG streams, and on rank 0 the other
+   components;
+3. agrees with the other ranks that every one of them could (if any could not, all
+   raise, and nothing is written);
+4. runs the collective protocol over a gloo group of its own
+   (:meth:`~recovery.run.savers.Ranks.commit_parts`): rank 0 signs and commits a
+   statement saying ``promoted: true``; the journal's record says ``mode: promoted``.
+
+The training thread paused once, for the snapshot. Every rank snapshots and promotes the
+same steps in the same order (the save decision is collective), one promotion at a time.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import time
+from collections.abc import Callable, MutableSet
+from pathlib import Path
+from typing import Any
+
+from recovery.errors import CommitError, FormatError, RecoveryError, SignatureError
+from recovery.format.manifest import Manifest
+from recovery.integrity import reader
+from recovery.integrity.signing import Signer, TrustStore
+from recovery.parallel import rankstate
+from recovery.parallel import world as distributed
+from recovery.parallel.collectives import Group
+from recovery.parallel.multirank import Parts
+from recovery.run.job import SaveJob, Tensors, split
+from recovery.run.savers import Ranks
+from recovery.run.staging import host_dtensor
+from recovery.run.writer import BackgroundWriter
+from recovery.state import snapshot
+from recovery.state.registry import MODEL, OPTIMIZER, RNG, TrainState
+
+Then = Callable[[Path, Manifest, float], None]
+
+
+def specs(view: dict[str, Any]) -> dict[str, Any]:
+    """What a promotion needs of the live ``view`` (:func:`recovery.parallel.rankstate.view`):
+    its tree, every DTensor kept (for its mesh, placements, shape and stride, not its data)
+    and every other leaf ``None``. Taken on the training thread, at the snapshot."""
+    from torch.distributed.tensor import DTensor
+    from torch.utils._pytree import tree_map
+
+    return dict(tree_map(lambda t: t if isinstance(t, DTensor) else None, view))
+
+
+def rewrap(saved: Any, like: Any, where: str) -> Any:
+    """``saved`` (a snapshot's tree, plain tensors) with every leaf whose counterpart in
+    ``like`` (:func:`specs`) is a DTensor wrapped again as one, over the saved tensor.
+
+    Raises:
+        FormatError: the trees differ (naming the first key that does).
+    """
+    if isinstance(like, dict):
+        if not isinstance(saved, dict) or saved.keys() != like.keys():
+            raise FormatError(f"{where}: the snapshot's keys differ from this rank's state")
+        return {k: rewrap(saved[k], like[k], f"{where}/{k}") for k in like}
+    if isinstance(like, list | tuple):
+        if not isinstance(saved, list | tuple) or len(saved) != len(like):
+            raise FormatError(f"{where}: the snapshot's entries differ from this rank's state")
+        pairs = enumerate(zip(saved, like, strict=True))
+        return type(like)(rewrap(s, ll, f"{where}/{i}") for i, (s, ll) in pairs)
+    return saved if like is None else host_dtensor(saved, like)
+
+
+def parts_of(
+    tree: dict[str, Any], like: dict[str, Any], *, leader: bool
+) -> tuple[Parts, tuple[dict[str, Any], Tensors]]:
+    """What the collective save writes of a decoded snapshot ``tree``
+    (:func:`recovery.run.peertier.tree`): this rank's :class:`Parts` and, on rank 0
+    (``leader``), the replicated components split into skeletons and tensors.
+
+    Raises:
+        FormatError: the snapshot lacks model, optimizer or RNG streams, or its model and
+            optimizer do not have ``like``'s keys.
+    """
+    missing = [n for n in (MODEL, OPTIMIZER, RNG) if n not in tree]
+    optimizer = tree.get(OPTIMIZER)
+    if missing or not isinstance(optimizer, dict) or "state" not in optimizer:
+        raise FormatError(f"the snapshot lacks {', '.join(missing) or 'the optimizer state'}")
+    tensors = {
+        MODEL: rewrap(tree[MODEL], like[MODEL], MODEL),
+        OPTIMIZER: rewrap(optimizer["state"], like[OPTIMIZER]["state"], f"{OPTIMIZER}/state"),
+    }
+    groups = {"param_groups": optimizer.get("param_groups", [])}
+    replicated = {n: v for n, v in tree.items() if n not in (MODEL, OPTIMIZER, RNG)}
+    return Parts({RNG: tree[RNG]}, tensors, groups), split(replicated if leader else {})
+
+
+class RankPromotion:
+    """One rank's promotions: every rank of the job has one, made at the same point
+    (creating its gloo group is collective)."""
+
+    def __init__(self, saver: Ranks, signer: Signer) -> None:
+        self.saver = saver
+        self.trust = TrustStore().with_signer(signer)
+        """A snapshot is this run's own: signed by its signer."""
+        self.group = Group.create(distributed.timeout())
+
+    def then(
+        self,
+        job: SaveJob,
+        state: TrainState,
+        writer: BackgroundWriter,
+        pinned: MutableSet[int],
+        *,
+        waited: float,
+    ) -> Then:
+        """What follows ``job``'s step's snapshot (on the training thread: the live DTensors'
+        specs are taken now): its promotion submitted to ``writer``, its step ``pinned``
+        (never retired) until the promotion is done."""
+        like = specs(rankstate.view(state.components[MODEL], state.components[OPTIMIZER]))
+
+        def then(path: Path, mf: Manifest, pause: float) -> None:
+            pinned.add(job.step)
+
+            def run() -> Path:
+                try:
+                    return self.promote(job, path, mf, like, pause=pause, waited=waited)
+                finally:
+                    pinned.discard(job.step)
+
+            writer.submit(run)
+
+        return then
+
+    def promote(
+        self,
+        job: SaveJob,
+        path: Path,
+        mf: Manifest,
+        like: dict[str, Any],
+        *,
+        pause: float,
+        waited: float,
+    ) -> Path:
+        """Promote the snapshot ``path`` (committed as ``mf``) to ``job.final``; every rank
+        calls it for the same step, on its promotion thread.
+
+        Raises:
+            CommitError: this or another rank could not read its snapshot back, or the
+                collective save failed; nothing was committed.
+        """
+        begun = time.perf_counter()
+        failure: RecoveryError | OSError | None = None
+        try:
+            parts, replicated = self._read(path, mf, like)
+        except (RecoveryError, OSError) as err:
+            failure = err
+        if not self.group.all_ok(failure is None):
+            why = (
+                f"could not read {path} back ({failure})"
+                if failure
+                else ("another rank could not read its snapshot back (its log says why)")
+            )
+            raise CommitError(
+                f"step {job.step}: not promoted: {why}; nothing was committed and earlier "
+                "checkpoints are intact.",
+                path=job.final,
+            ) from failure
+        promoted = dataclasses.replace(job, statement={**job.statement, "promoted": True})
+        self.saver.commit_parts(
+            promoted, parts, replicated, begun, waited, mode="promoted", pause=pause,
+            comm=self.group,
+        )  # fmt: skip
+        return job.final
+
+    def _read(
+        self, path: Path, mf: Manifest, like: dict[str, Any]
+    ) -> tuple[Parts, tuple[dict[str, Any], Tensors]]:
+        verified = reader.read_verified(path, self.trust)
+        if verified.manifest.root != mf.root:  # not the snapshot this rank committed
+            raise SignatureError(
+                f"{path}: its root digest is {verified.manifest.root}, the snapshot committed "
+                f"{mf.root}",
+                path=path,
+            )
+        tree = snapshot.decode(verified).tree
+        try:
+            return parts_of(tree, like, leader=self.saver.world.leader)
+        except FormatError as err:
+            raise FormatError(f"{path}: {err}", path=path) from err
