@@ -3,10 +3,11 @@
 The policy and the design are in :mod:`recovery.run.tiers`; this is the part
 that writes. :meth:`LocalTier.snapshot` commits a step's
 :class:`~recovery.run.job.SaveJob` into the local directory on the training
-thread (its pause); :meth:`LocalTier.promote` copies a committed snapshot into
-the run directory on a background thread (:mod:`recovery.integrity.promote`)
-and reports the persistent commit to the checkpointer's ``committed`` callback,
-as a background save does.
+thread (its pause); :meth:`LocalTier.save` does so and then promotes the snapshot
+to the run directory on a background thread (:mod:`recovery.run.filepromotion`:
+its files copied; under ``torchrun`` :mod:`recovery.run.rankpromotion`: every
+rank's, collectively), reporting the persistent commit to the checkpointer's
+``committed`` callback as a background save does.
 """
 
 from __future__ import annotations
@@ -22,17 +23,17 @@ from typing import Any
 from recovery.config import LocalConfig
 from recovery.errors import RecoveryError, SignatureError
 from recovery.format.layout import RANK_SNAPSHOT, step_dir_name
-from recovery.format.manifest import Manifest
-from recovery.integrity import commit, listed, promote
+from recovery.integrity import commit, listed
 from recovery.integrity.signing import Signer, TrustStore
 from recovery.parallel.world import SINGLE, World
 from recovery.run import job as job_mod
 from recovery.run import peertier, tiers
+from recovery.run.filepromotion import FilePromotion, Then
 from recovery.run.job import SaveJob, Tensors, split
 from recovery.run.localdir import LocalDir
 from recovery.run.peertier import Peers
 from recovery.run.rankpromotion import RankPromotion
-from recovery.run.savers import Committed, Cost, Ranks
+from recovery.run.savers import Committed, Ranks
 from recovery.run.staging import Staging
 from recovery.run.writer import BackgroundWriter
 from recovery.state.registry import TrainState
@@ -40,8 +41,6 @@ from recovery.state.registry import TrainState
 log = logging.getLogger(__name__)
 
 Event = Callable[[dict[str, Any]], None]
-Then = Callable[[Path, Manifest, float], None]
-"""What follows a committed snapshot: (its path, its manifest, the training thread's pause)."""
 
 
 class LocalTier(LocalDir):
@@ -81,9 +80,13 @@ class LocalTier(LocalDir):
         self.world = world
         self.peers = Peers(cfg, self.dir.parent, world) if world.distributed else None
         """Under ``torchrun``: the copies of snapshots on peers (:mod:`recovery.run.peertier`)."""
-        self.promotion = RankPromotion(ranks, signer) if world.distributed and ranks else None
-        """Under ``torchrun``: promotions written by every rank's collective save, from every
-        rank's snapshot (:mod:`recovery.run.rankpromotion`)."""
+        self.promotion: FilePromotion | RankPromotion = (
+            RankPromotion(ranks, signer, self._writer, self._pinned)
+            if world.distributed and ranks
+            else FilePromotion(signer, committed, self.check, self._writer, self._pinned)
+        )
+        """Copies of a snapshot's files, or under ``torchrun`` every rank's collective save
+        from its snapshot (:mod:`recovery.run.rankpromotion`)."""
 
     def due(self, step: int) -> bool:
         """Whether ``step`` is a local snapshot's step."""
@@ -166,8 +169,10 @@ class LocalTier(LocalDir):
             every=self.every,
             event=self.event,
         )
+        promotion = self.promotion
         if resumed is None or resumed.parent != self.dir or self.peers is not None:
-            return False  # under torchrun the persistent tier is not promoted (peertier)
+            return False  # under torchrun a resumed snapshot is not promoted (not built yet)
+        assert isinstance(promotion, FilePromotion)
         final = self.run_dir / step_dir_name(step)
         if final.exists():  # persistent: the same files, and not a local snapshot copied there
             with contextlib.suppress(RecoveryError):
@@ -181,7 +186,7 @@ class LocalTier(LocalDir):
                 f"{mf.root}, expected {root}); not promoting it. Requeue the run.",
                 path=resumed,
             )
-        self.promote(job_mod.resumed(final, mf), resumed, mf, pause=0.0, waited=0.0)
+        promotion.submit(job_mod.resumed(final, mf), resumed, mf, pause=0.0, waited=0.0)
         return False
 
     def snapshot(self, job: SaveJob, state: TrainState, *, then: Then | None = None) -> float:
@@ -283,44 +288,12 @@ class LocalTier(LocalDir):
         """Snapshot ``job``'s step locally, then promote it to ``job.final`` in the background;
         return the seconds the training thread spent (the snapshot's). The caller has waited
         for the previous promotion (:meth:`wait`)."""
-
-        if self.promotion is not None:  # under torchrun: collective, from every rank's
-            then = self.promotion.then(job, state, self._writer, self._pinned, waited=waited)
-            return self.snapshot(job, state, then=then)
-
-        def promote(path: Path, mf: Manifest, pause: float) -> None:
-            self.promote(job, path, mf, pause=pause, waited=waited)
-
-        return self.snapshot(job, state, then=promote)
+        return self.snapshot(job, state, then=self.promotion.then(job, state, waited=waited))
 
     def _tree(self, state: TrainState) -> dict[str, Any]:
         """What a snapshot holds: the state's tree; under ``torchrun`` a rank's
         (:func:`recovery.run.peertier.tree`)."""
         return peertier.tree(state) if self.world.distributed else state.state_dict()
-
-    def promote(
-        self, job: SaveJob, path: Path, mf: Manifest, *, pause: float, waited: float
-    ) -> None:
-        """Copy the snapshot ``path`` to ``job.final`` on the background thread, then report
-        the commit (``committed``); the caller has waited for the previous promotion."""
-        self._pinned.add(job.step)
-        recovery = {k: v for k, v in mf.recovery.items() if k != "tier"}
-        recovery["promoted"] = True
-
-        def run() -> Path:
-            begun = time.perf_counter()
-            try:
-                self.check()
-                persisted = promote.promote(
-                    path, mf, job.final, signer=self.signer, recovery=recovery
-                )
-                cost = Cost(pause, waited, time.perf_counter() - begun, "promoted")
-                self.committed(job, persisted, cost)
-            finally:
-                self._pinned.discard(job.step)
-            return job.final
-
-        self._writer.submit(run)
 
     def wait(self) -> float:
         """Wait for the snapshot write and the promotion in flight (in that order: the one

@@ -28,7 +28,7 @@ from __future__ import annotations
 
 import dataclasses
 import time
-from collections.abc import Callable, MutableSet
+from collections.abc import MutableSet
 from pathlib import Path
 from typing import Any
 
@@ -40,14 +40,13 @@ from recovery.parallel import rankstate
 from recovery.parallel import world as distributed
 from recovery.parallel.collectives import Group
 from recovery.parallel.multirank import Parts
+from recovery.run.filepromotion import Then
 from recovery.run.job import SaveJob, Tensors, split
 from recovery.run.savers import Ranks
 from recovery.run.staging import host_dtensor
 from recovery.run.writer import BackgroundWriter
 from recovery.state import snapshot
 from recovery.state.registry import MODEL, OPTIMIZER, RNG, TrainState
-
-Then = Callable[[Path, Manifest, float], None]
 
 
 def specs(view: dict[str, Any]) -> dict[str, Any]:
@@ -104,39 +103,35 @@ def parts_of(
 
 
 class RankPromotion:
-    """One rank's promotions: every rank of the job has one, made at the same point
-    (creating its gloo group is collective)."""
+    """One rank's promotions, one at a time on ``writer``; a snapshot being read is
+    ``pinned`` (never retired) until its promotion is done. Every rank of the job makes one
+    at the same point (creating its gloo group is collective)."""
 
-    def __init__(self, saver: Ranks, signer: Signer) -> None:
+    def __init__(
+        self, saver: Ranks, signer: Signer, writer: BackgroundWriter, pinned: MutableSet[int]
+    ) -> None:
         self.saver = saver
         self.trust = TrustStore().with_signer(signer)
         """A snapshot is this run's own: signed by its signer."""
+        self.writer = writer
+        self.pinned = pinned
         self.group = Group.create(distributed.timeout())
 
-    def then(
-        self,
-        job: SaveJob,
-        state: TrainState,
-        writer: BackgroundWriter,
-        pinned: MutableSet[int],
-        *,
-        waited: float,
-    ) -> Then:
+    def then(self, job: SaveJob, state: TrainState, *, waited: float) -> Then:
         """What follows ``job``'s step's snapshot (on the training thread: the live DTensors'
-        specs are taken now): its promotion submitted to ``writer``, its step ``pinned``
-        (never retired) until the promotion is done."""
+        specs are taken now): its promotion (:meth:`promote`) on the promotion thread."""
         like = specs(rankstate.view(state.components[MODEL], state.components[OPTIMIZER]))
 
         def then(path: Path, mf: Manifest, pause: float) -> None:
-            pinned.add(job.step)
+            self.pinned.add(job.step)
 
             def run() -> Path:
                 try:
                     return self.promote(job, path, mf, like, pause=pause, waited=waited)
                 finally:
-                    pinned.discard(job.step)
+                    self.pinned.discard(job.step)
 
-            writer.submit(run)
+            self.writer.submit(run)
 
         return then
 

@@ -36,17 +36,26 @@ def test_async_saves_under_torchrun_end_bit_identical_to_sync_saves(
 
 
 @pytest.mark.parametrize(
-    ("strategy", "point"), [("ddp", "rank-1-sharded-30"), ("fsdp", "rank-0-write-30")]
+    ("strategy", "point", "tier"),
+    [
+        ("ddp", "rank-1-sharded-30", False),
+        ("fsdp", "rank-0-write-30", False),
+        ("fsdp", "rank-1-sharded-30", True),
+    ],
+    ids=["ddp-sharded", "fsdp-write", "fsdp-promotion"],
 )
 def test_a_rank_killed_during_its_background_save_commits_nothing_and_the_job_resumes(
-    strategy, point, job, trainer, tmp_path, trust
+    strategy, point, tier, job, trainer, tmp_path, trust
 ):
     """The fault point is reached on the rank's background thread, while training goes
     on; SIGKILL that rank there: step 30 is never committed (rank 0 renames only after
-    every rank agreed), and ``+resume=latest`` continues exactly from step 20."""
+    every rank agreed), and ``+resume=latest`` continues exactly from step 20. With the
+    local tier (``tier``) that thread is the promotion of step 30 from the ranks' snapshots
+    (the save itself synchronous): the job resumes from a snapshot at least as new."""
     reference = job(strategy, 2)
     root = tmp_path / "job"
-    run = (f"dist.strategy={strategy}", "checkpoint.async=true")
+    local = ("checkpoint.local.every_steps=5", f"checkpoint.local.root={tmp_path / 'ram'}")
+    run = (f"dist.strategy={strategy}", *(local if tier else ["checkpoint.async=true"]))
     killed = trainer(root, *run, nproc=2, pause_at=point, kill_marked_rank=True, timeout=240)
     assert killed.returncode != 0
     listing = scan(root / "r")
@@ -54,10 +63,17 @@ def test_a_rank_killed_during_its_background_save_commits_nothing_and_the_job_re
     assert listing.stale, "the abandoned write stays as an unsigned temp directory"
     resumed = trainer(root, *run, "+resume=latest", nproc=2)
     assert resumed.returncode == 0, resumed.output
-    assert "resumed from" in resumed.output and "step-00000020" in resumed.output
+    [back] = [r for r in read(root / "r" / METRICS_FILE) if r.get("event") == "resume"]
+    if tier:
+        assert back["tier"] == "local" and back["step"] >= 30, back
+    else:
+        assert "resumed from" in resumed.output and "step-00000020" in resumed.output
     assert "removing" in resumed.output and "never committed" in resumed.output
     assert not scan(root / "r").stale
     assert_same_job(reference, root / "r", trust, ranks=2)
+    if tier:  # every persistent save but the one killed was promoted
+        modes = {r["mode"] for r in read(root / "r" / METRICS_FILE) if r.get("mode")}
+        assert modes == {"promoted"}
 
 
 def test_sigterm_during_a_background_save_waits_for_it_then_checkpoints_every_rank(
