@@ -69,7 +69,7 @@ class LocalConfig:
     every_steps: int = 0
     """Snapshot into ``root`` every this many optimizer steps; 0: no local tier. Every
     persistent checkpoint is then a promoted local snapshot (no second pause; under torchrun
-    the collective save of that step)."""
+    every rank's, written by the collective save in the background)."""
     root: str = "/dev/shm/recovery-{uid}"
     """The node-local directory (RAM by default; ``{uid}``: the user's id, so that each user
     has a root of their own); each run directory gets its own
