@@ -88,7 +88,8 @@ def load_state(
                 path=path,
             )
     # model and optimizer by parameter name (FSDP2: this rank's shards): rankstate loads them
-    named = isinstance(owner, dict) and bool(owner.get("by_name"))
+    # (``sharded``: an FSDP2 snapshot written before DDP's were by name too)
+    named = isinstance(owner, dict) and bool(owner.get("by_name") or owner.get("sharded"))
     if not (via_dcp or named):
         sharded.refuse_plain_into_sharded(state.components.get(MODEL), path)
     plain = [n for n in state.components if not ((via_dcp or named) and n in sharded.SHARDED)]

@@ -55,7 +55,7 @@ def of(model: torch.nn.Module, optimizer: torch.optim.Optimizer) -> dict[str, An
 def _stateless(model: torch.nn.Module, optimizer: torch.optim.Optimizer) -> dict[str, Any]:
     """An optimizer without state (plain SGD) as DCP's API gives one: its param groups,
     each naming its parameters."""
-    names = {id(p): n for n, p in wrapping.canonical(dict(model.named_parameters())).items()}
+    names = {id(p): _fqn(n) for n, p in wrapping.canonical(dict(model.named_parameters())).items()}
     groups = [
         {
             **{k: v for k, v in g.items() if k != "params"},
@@ -64,6 +64,16 @@ def _stateless(model: torch.nn.Module, optimizer: torch.optim.Optimizer) -> dict
         for g in optimizer.param_groups
     ]
     return {"state": {}, "param_groups": groups}
+
+
+WRAPPED = frozenset({"_orig_mod", "_checkpoint_wrapped_module", "_fsdp_wrapped_module"})
+"""Name segments of wrappers (``torch.compile``, activation checkpointing, FSDP1) that DCP's
+state-dict API leaves out of a parameter's name wherever they are (not only in front)."""
+
+
+def _fqn(name: str) -> str:
+    """A parameter's name as DCP's state-dict API gives it: without wrapper segments."""
+    return ".".join(part for part in name.split(".") if part not in WRAPPED)
 
 
 def _leaves(tree: Any, prefix: str = "") -> dict[str, Any]:

@@ -11,7 +11,7 @@ background save's is (lineage, retention, cost record with ``mode: promoted``, D
 from __future__ import annotations
 
 import time
-from collections.abc import Callable, MutableSet
+from collections.abc import Callable
 from pathlib import Path
 
 from recovery.format.manifest import Manifest
@@ -19,6 +19,7 @@ from recovery.integrity import promote
 from recovery.integrity.signing import Signer
 from recovery.run.job import SaveJob
 from recovery.run.savers import Committed, Cost
+from recovery.run.tiers import Pins
 from recovery.run.writer import BackgroundWriter
 from recovery.state.registry import TrainState
 
@@ -36,7 +37,7 @@ class FilePromotion:
         committed: Committed,
         check: Callable[[], None],
         writer: BackgroundWriter,
-        pinned: MutableSet[int],
+        pinned: Pins,
     ) -> None:
         self.signer = signer
         self.committed = committed

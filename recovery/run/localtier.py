@@ -27,7 +27,7 @@ from recovery.integrity import commit, listed
 from recovery.integrity.signing import Signer, TrustStore
 from recovery.parallel.world import SINGLE, World
 from recovery.run import job as job_mod
-from recovery.run import peertier, tiers
+from recovery.run import peertier, rankpromotion, tiers
 from recovery.run.filepromotion import FilePromotion, Then
 from recovery.run.job import SaveJob, Tensors, split
 from recovery.run.localdir import LocalDir
@@ -70,7 +70,7 @@ class LocalTier(LocalDir):
         self._snapshots = BackgroundWriter() if async_save else None
         """Snapshot writes from :attr:`_staging` (``checkpoint.async``), one at a time."""
         self._staging = Staging() if async_save else None
-        self._pinned: set[int] = set()
+        self._pinned = tiers.Pins()
         self.snapshot_bytes = 0
         """The newest snapshot's size (0: none committed yet)."""
         self._rechecked = False
@@ -157,6 +157,7 @@ class LocalTier(LocalDir):
         if self.peers is not None:
             self.peers.adopt(resumed, self.dir)  # ranks that moved: into their own directory
             self.peers.tidy(step)
+        promotion = self.promotion
         nbytes = peertier.nbytes(state)
         # a fresh run's optimizer state is not there yet: checked again after the first
         # snapshot (:meth:`_recheck`); the staging buffers are another copy in RAM, and so
@@ -164,16 +165,18 @@ class LocalTier(LocalDir):
         self.reserve(
             nbytes,
             self._freeable(),
-            staging=nbytes * ((self._staging is not None) + (self.promotion is not None)),
+            staging=nbytes * ((self._staging is not None) + isinstance(promotion, RankPromotion)),
             copies=self._copies(),
             every=self.every,
             event=self.event,
         )
-        promotion = self.promotion
-        if resumed is None or resumed.parent != self.dir or self.peers is not None:
-            return False  # under torchrun a resumed snapshot is not promoted (not built yet)
-        assert isinstance(promotion, FilePromotion)
         final = self.run_dir / step_dir_name(step)
+        if isinstance(promotion, RankPromotion):  # every rank's own snapshot, now in its dir
+            mine = self.dir / step_dir_name(step) if self._held_here(resumed) else None
+            source = rankpromotion.Source(trust, allow_untrusted)
+            return promotion.start(state, mine, final, root=root, source=source)
+        if resumed is None or resumed.parent != self.dir:
+            return False
         if final.exists():  # persistent: the same files, and not a local snapshot copied there
             with contextlib.suppress(RecoveryError):
                 there = listed.read_manifest(final, trust, allow_untrusted=allow_untrusted)
@@ -288,7 +291,14 @@ class LocalTier(LocalDir):
         """Snapshot ``job``'s step locally, then promote it to ``job.final`` in the background;
         return the seconds the training thread spent (the snapshot's). The caller has waited
         for the previous promotion (:meth:`wait`)."""
-        return self.snapshot(job, state, then=self.promotion.then(job, state, waited=waited))
+        started = time.perf_counter()  # under torchrun the live DTensors' specs are taken first
+        then = self.promotion.then(job, state, waited=waited)
+        return time.perf_counter() - started + self.snapshot(job, state, then=then)
+
+    def _held_here(self, resumed: Path | None) -> bool:
+        """Whether ``resumed`` is a snapshot in this node's run directory in RAM (a rank's or
+        a copy: :meth:`~recovery.run.peertier.Peers.adopt` moved it into :attr:`dir`)."""
+        return resumed is not None and resumed.parent.parent == self.dir.parent
 
     def _tree(self, state: TrainState) -> dict[str, Any]:
         """What a snapshot holds: the state's tree; under ``torchrun`` a rank's
@@ -359,7 +369,11 @@ class LocalTier(LocalDir):
         if self._rechecked or not self.snapshot_bytes:
             return
         self._rechecked = True
-        tiers.fit(self.dir, self.snapshot_bytes, self._freeable(), staging=0, copies=self._copies())
+        # a promotion under torchrun reads a snapshot back: a copy not in memory yet
+        reads = self.snapshot_bytes if isinstance(self.promotion, RankPromotion) else 0
+        tiers.fit(
+            self.dir, self.snapshot_bytes, self._freeable(), staging=reads, copies=self._copies()
+        )
 
     def _freeable(self) -> list[Path]:
         """The snapshots whose room the check counts as free (they are replaced): this

@@ -127,7 +127,7 @@ class Peers:
         return 2 * len(self.sources) + (2 if self.offsets else 0)
 
     def replicate(
-        self, step: int, path: Path, pinned: set[int], retire: Callable[[], None]
+        self, step: int, path: Path, pinned: tiers.Pins, retire: Callable[[], None]
     ) -> None:
         """Once this rank's snapshot ``path`` of ``step`` committed: send it to the peers and
         receive theirs on the background thread, after the previous round; then ``retire``

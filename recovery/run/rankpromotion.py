@@ -22,28 +22,35 @@ it reshards onto any world size), so each rank's promotion thread instead
 
 The training thread paused once, for the snapshot. Every rank snapshots and promotes the
 same steps in the same order (the save decision is collective), one promotion at a time.
+A job that resumed from its ranks' snapshots promotes that step at once
+(:meth:`RankPromotion.start`), keeping the snapshot's statement, run metadata and config.
 """
 
 from __future__ import annotations
 
+import contextlib
 import dataclasses
 import time
-from collections.abc import MutableSet
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
 from recovery.errors import CommitError, FormatError, RecoveryError, SignatureError
+from recovery.format.layout import CONFIG_FILE, RANK_SNAPSHOT
 from recovery.format.manifest import Manifest
-from recovery.integrity import reader
+from recovery.integrity import listed, reader
 from recovery.integrity.signing import Signer, TrustStore
 from recovery.parallel import rankstate
 from recovery.parallel import world as distributed
 from recovery.parallel.collectives import Group
 from recovery.parallel.multirank import Parts
+from recovery.run import job as job_mod
+from recovery.run import tiers
 from recovery.run.filepromotion import Then
 from recovery.run.job import SaveJob, Tensors, split
 from recovery.run.savers import Ranks
 from recovery.run.staging import host_dtensor
+from recovery.run.tiers import Pins
 from recovery.run.writer import BackgroundWriter
 from recovery.state import snapshot
 from recovery.state.registry import MODEL, OPTIMIZER, RNG, TrainState
@@ -102,13 +109,22 @@ def parts_of(
     return Parts({RNG: tree[RNG]}, tensors, groups), split(replicated if leader else {})
 
 
+@dataclass(frozen=True)
+class Source:
+    """Whose signatures a snapshot an earlier process took is verified against: the
+    resume's trust store and ``checkpoint.allow_untrusted``."""
+
+    trust: TrustStore
+    untrusted: bool = False
+
+
 class RankPromotion:
     """One rank's promotions, one at a time on ``writer``; a snapshot being read is
     ``pinned`` (never retired) until its promotion is done. Every rank of the job makes one
     at the same point (creating its gloo group is collective)."""
 
     def __init__(
-        self, saver: Ranks, signer: Signer, writer: BackgroundWriter, pinned: MutableSet[int]
+        self, saver: Ranks, signer: Signer, writer: BackgroundWriter, pinned: Pins
     ) -> None:
         self.saver = saver
         self.trust = TrustStore().with_signer(signer)
@@ -117,7 +133,9 @@ class RankPromotion:
         self.pinned = pinned
         self.group = Group.create(distributed.timeout())
 
-    def then(self, job: SaveJob, state: TrainState, *, waited: float) -> Then:
+    def then(
+        self, job: SaveJob, state: TrainState, *, waited: float, resumed: Source | None = None
+    ) -> Then:
         """What follows ``job``'s step's snapshot (on the training thread: the live DTensors'
         specs are taken now): its promotion (:meth:`promote`) on the promotion thread."""
         like = specs(rankstate.view(state.components[MODEL], state.components[OPTIMIZER]))
@@ -127,13 +145,60 @@ class RankPromotion:
 
             def run() -> Path:
                 try:
-                    return self.promote(job, path, mf, like, pause=pause, waited=waited)
+                    return self.promote(
+                        job, path, mf, like, pause=pause, waited=waited, resumed=resumed
+                    )
                 finally:
                     self.pinned.discard(job.step)
 
             self.writer.submit(run)
 
         return then
+
+    def start(
+        self, state: TrainState, path: Path | None, final: Path, *, root: str | None, source: Source
+    ) -> bool:
+        """At the run's first step, when every rank resumed from its local snapshot (``path``:
+        this rank's, ``None`` if it did not), promote that step in the background unless the
+        run directory holds it (``final``) already: the recovered state becomes durable.
+        Collective on the job's group (every rank calls it, on the training thread).
+        ``root``: the digest the resume verified, which the snapshot must still have.
+
+        Returns:
+            Whether ``final`` is a persistent checkpoint already (its promotion committed
+            before the job died).
+
+        Raises:
+            SignatureError: a rank's snapshot changed since its resume verified it (on every
+                rank).
+        """
+        if not distributed.all_ok(path is not None and path.is_dir()):
+            return False
+        there = 0  # rank 0 says: 0 nothing at final, 1 a persistent checkpoint, 2 something else
+        if self.saver.world.leader and final.exists():
+            there = 2
+            with contextlib.suppress(RecoveryError):
+                mf = listed.read_manifest(final, source.trust, allow_untrusted=source.untrusted)
+                there = 1 if mf.recovery.get("tier") != tiers.LOCAL else 2
+        there = distributed.broadcast_int(there)
+        if there:  # never written over: a persistent step, or what the resume said it passed
+            return there == 1
+        assert path is not None
+        mf = listed.read_manifest(path, source.trust, allow_untrusted=source.untrusted)
+        if not distributed.all_ok(mf.root == root):
+            raise SignatureError(
+                f"{path}: a rank's snapshot changed since the resume verified it (this rank's "
+                f"root {mf.root}, verified {root}); not promoting it. Requeue the job.",
+                path=path,
+            )
+        dropped = ("tier", "rank", "components")
+        job = dataclasses.replace(
+            job_mod.resumed(final, mf),
+            statement={k: v for k, v in mf.recovery.items() if k not in dropped},
+            absent=dict(state.absent),
+        )
+        self.then(job, state, waited=0.0, resumed=source)(path, mf, 0.0)
+        return False
 
     def promote(
         self,
@@ -144,19 +209,22 @@ class RankPromotion:
         *,
         pause: float,
         waited: float,
+        resumed: Source | None = None,
     ) -> Path:
         """Promote the snapshot ``path`` (committed as ``mf``) to ``job.final``; every rank
-        calls it for the same step, on its promotion thread.
+        calls it for the same step, on its promotion thread. ``resumed``: a snapshot an
+        earlier process took (verified with the resume's trust), whose run metadata and
+        config the promoted checkpoint keeps.
 
         Raises:
             CommitError: this or another rank could not read its snapshot back, or the
                 collective save failed; nothing was committed.
         """
         begun = time.perf_counter()
-        failure: RecoveryError | OSError | None = None
+        failure: Exception | None = None
         try:
-            parts, replicated = self._read(path, mf, like)
-        except (RecoveryError, OSError) as err:
+            parts, replicated, kept = self._read(path, mf, like, resumed)
+        except Exception as err:  # whatever it is, the other ranks must hear of it, not hang
             failure = err
         if not self.group.all_ok(failure is None):
             why = (
@@ -169,6 +237,9 @@ class RankPromotion:
                 "checkpoints are intact.",
                 path=job.final,
             ) from failure
+        if resumed is not None:
+            meta, config_yaml = kept
+            job = dataclasses.replace(job, meta=meta, config_yaml=config_yaml)
         promoted = dataclasses.replace(job, statement={**job.statement, "promoted": True})
         self.saver.commit_parts(
             promoted, parts, replicated, begun, waited, mode="promoted", pause=pause,
@@ -177,17 +248,23 @@ class RankPromotion:
         return job.final
 
     def _read(
-        self, path: Path, mf: Manifest, like: dict[str, Any]
-    ) -> tuple[Parts, tuple[dict[str, Any], Tensors]]:
-        verified = reader.read_verified(path, self.trust)
+        self, path: Path, mf: Manifest, like: dict[str, Any], resumed: Source | None
+    ) -> tuple[Parts, tuple[dict[str, Any], Tensors], tuple[dict[str, Any], str]]:
+        """The parts of the verified snapshot ``path``, and its run metadata and config."""
+        trust, untrusted = (resumed.trust, resumed.untrusted) if resumed else (self.trust, False)
+        verified = reader.read_verified(path, trust, allow_untrusted=untrusted)
         if verified.manifest.root != mf.root:  # not the snapshot this rank committed
             raise SignatureError(
                 f"{path}: its root digest is {verified.manifest.root}, the snapshot committed "
                 f"{mf.root}",
                 path=path,
             )
-        tree = snapshot.decode(verified).tree
+        decoded = snapshot.decode(verified)
         try:
-            return parts_of(tree, like, leader=self.saver.world.leader)
+            parts = parts_of(decoded.tree, like, leader=self.saver.world.leader)
         except FormatError as err:
             raise FormatError(f"{path}: {err}", path=path) from err
+        meta = {k: v for k, v in decoded.meta.items() if k != RANK_SNAPSHOT}
+        raw = verified.files.get(CONFIG_FILE)
+        config_yaml = raw.decode() if isinstance(raw, bytes) else ""
+        return *parts, (meta, config_yaml)

@@ -61,10 +61,9 @@ Design (issue 30):
   (:mod:`recovery.run.peertier`); a persistent step is promoted from every rank's
   snapshot, read back verified and written by the collective save in the background
   (:mod:`recovery.run.rankpromotion`).
-- **Not built yet:** differential snapshots (refused together with the tier), the
-  promotion of a resumed snapshot under torchrun, a snapshot resumed on another world
-  size, and an automatic local interval at run time (``checkpoint.local.every_steps`` is
-  fixed).
+- **Not built yet:** differential snapshots (refused together with the tier), a snapshot
+  resumed on another world size, and an automatic local interval at run time
+  (``checkpoint.local.every_steps`` is fixed).
 """
 
 from __future__ import annotations
@@ -72,7 +71,9 @@ from __future__ import annotations
 import contextlib
 import hashlib
 import shutil
-from collections.abc import Callable, Collection, Sequence
+import threading
+from collections import Counter
+from collections.abc import Callable, Container, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -122,7 +123,33 @@ def not_durable(path: Path) -> str:
     )
 
 
-def retire(held: Sequence[tuple[int, Path]], newest: int, pinned: Collection[int]) -> list[Path]:
+class Pins:
+    """The steps whose snapshots a reader holds (a promotion, a copy to peers), counted per
+    reader: a step stays pinned while any of them holds it (one reader's release never
+    un-pins another's). Safe across threads."""
+
+    def __init__(self) -> None:
+        self._held: Counter[int] = Counter()
+        self._lock = threading.Lock()
+
+    def add(self, step: int) -> None:
+        """One more reader holds ``step``."""
+        with self._lock:
+            self._held[step] += 1
+
+    def discard(self, step: int) -> None:
+        """One reader of ``step`` is done with it."""
+        with self._lock:
+            self._held[step] -= 1
+            if self._held[step] <= 0:
+                del self._held[step]
+
+    def __contains__(self, step: object) -> bool:
+        with self._lock:
+            return isinstance(step, int) and self._held[step] > 0
+
+
+def retire(held: Sequence[tuple[int, Path]], newest: int, pinned: Container[int]) -> list[Path]:
     """The local snapshots to delete once step ``newest`` committed: every older one, except
     those ``pinned`` (a promotion or a copy to peers is reading them). A later one is kept:
     under torchrun retiring waits for the peers, and the next snapshot may be there by then."""

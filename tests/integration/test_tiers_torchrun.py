@@ -55,7 +55,8 @@ def test_a_node_lost_with_its_ram_is_restored_from_its_peers_copy_bit_identical(
 
     first = nodes(free_port(), PAUSE)
     launcher.wait_until(lambda: all(a.mark.exists() for a in first), f"both nodes at {PAUSE}")
-    assert committed(root / "r") == [10, 20, 30]
+    # step 30's promotion runs on in the background while the workers pause
+    launcher.wait_until(lambda: committed(root / "r") == [10, 20, 30], "step 30 promoted")
 
     def settled() -> bool:  # each node: its rank's snapshot of 33 and a copy of the other's
         # (the round that sends step 33 runs on in the background while the workers pause)
@@ -87,9 +88,10 @@ def test_a_node_lost_with_its_ram_is_restored_from_its_peers_copy_bit_identical(
     resumes = [r for r in records if r.get("event") == "resume"]
     assert [(r["step"], r["world_size"], r["tier"]) for r in resumes] == [(33, 2, "local")], resumes
     assert "no snapshot of rank" in second[1].output(), second[1].output()
-    # every persistent checkpoint promoted from the ranks' snapshots, none taken again
+    # every persistent checkpoint promoted from the ranks' snapshots, none taken again,
     saves = [(r["step"], r["mode"]) for r in records if r.get("event") == "checkpoint"]
     assert {mode for _, mode in saves} == {"promoted"} and len(saves) >= 4, saves
+    assert (33, "promoted") in saves, saves  # the step resumed from, made persistent at once
     last = root / "r" / step_dir_name(committed(root / "r")[-1])
     assert listed.read_manifest(last, trust).recovery["promoted"] is True
     assert_same_job(reference, root / "r", trust, ranks=2)

@@ -9,6 +9,7 @@ import pytest
 import torch
 
 from recovery.errors import FormatError
+from recovery.parallel import rankstate
 from recovery.run.rankpromotion import parts_of, rewrap
 
 
@@ -74,3 +75,16 @@ def test_a_snapshot_without_what_the_save_needs_is_refused_by_name(drop, names):
 def test_a_tree_that_differs_from_this_ranks_state_is_refused_naming_where(saved, like, where):
     with pytest.raises(FormatError, match=f"^{where}: the snapshot's"):
         rewrap(saved, like, "model")
+
+
+def test_a_stateless_optimizer_names_its_parameters_as_dcp_does_in_a_compiled_submodule():
+    """Plain SGD has no state for DCP's API to give (it would step it once to make some):
+    its param groups name the parameters the way DCP's model state dict does, wrapper
+    segments (``torch.compile``'s ``_orig_mod``) left out wherever they are."""
+    from torch.distributed.checkpoint.state_dict import get_model_state_dict
+
+    model = torch.nn.Sequential(torch.compile(torch.nn.Linear(2, 2)), torch.nn.Linear(2, 1))
+    view = rankstate.view(model, torch.optim.SGD(model.parameters(), lr=0.1))
+    [group] = view["optimizer"]["param_groups"]
+    assert group["params"] == ["0.weight", "0.bias", "1.weight", "1.bias"]
+    assert sorted(group["params"]) == sorted(get_model_state_dict(model)) == sorted(view["model"])

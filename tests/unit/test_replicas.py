@@ -6,6 +6,7 @@ from __future__ import annotations
 import json
 import os
 import shutil
+import time
 from pathlib import Path
 
 import pytest
@@ -14,10 +15,11 @@ import torch.multiprocessing as mp
 
 from recovery.config import CheckpointConfig, LocalConfig, ResumeCheckConfig
 from recovery.errors import CommitError, ConfigError
+from recovery.format.layout import parse_step, step_dir_name
 from recovery.integrity import listed
 from recovery.parallel import replicas, transfer
 from recovery.parallel.world import World
-from recovery.run import peertier
+from recovery.run import peertier, rankpromotion
 from recovery.run.checkpointer import Checkpointer
 from recovery.run.journal import Journal
 from tests.conftest import tiny_state, train_steps
@@ -233,10 +235,12 @@ def _tiered_rank(
     async_save: bool,
     strategy: str = "ddp",
     local_every: int = 2,
+    settle: bool = True,
 ) -> None:
     """One rank of a two-rank job with a local tier (each rank its own node-local root,
     copies on the other rank): restore ``latest``, train to ``steps``, close; the step it
-    started from and its parameters go to ``out.<rank>``."""
+    started from and its parameters go to ``out.<rank>``. ``settle``: after a persistent
+    step, wait for its snapshot and promotion (the next snapshot is then never skipped)."""
     os.environ.update(MASTER_ADDR="127.0.0.1", MASTER_PORT=str(port))
     torch.distributed.init_process_group("gloo", rank=rank, world_size=2)
     try:
@@ -269,7 +273,7 @@ def _tiered_rank(
         for step in range(start + 1, steps + 1):
             ck.record(step, loss=_step(state, draws))
             ck.maybe_save(state, step)
-            if step % 6 == 0:  # the promotion's snapshot written: the next is not skipped busy
+            if settle and step % 6 == 0:  # the next snapshot is not skipped as busy
                 ck.flush()
         ck.close()
         full = [
@@ -287,9 +291,10 @@ def _run_tiered(
     async_save: bool,
     strategy: str = "ddp",
     local_every: int = 2,
+    settle: bool = True,
 ) -> list:
     out = str(tmp / f"out-{steps}")
-    args = (_free_port(), str(tmp), steps, out, keys, async_save, strategy, local_every)
+    args = (_free_port(), str(tmp), steps, out, keys, async_save, strategy, local_every, settle)
     mp.start_processes(_tiered_rank, args=args, nprocs=2, start_method="fork")
     return [eval(Path(f"{out}.{rank}").read_text()) for rank in (0, 1)]  # our own repr
 
@@ -329,6 +334,44 @@ def test_a_rank_whose_node_lost_its_ram_resumes_from_its_peers_copy(
         assert params == want_params and draws == want_draws[start:], rank
     assert got[0][2] != got[1][2]
     assert [list((tmp_path / f"shm{r}").iterdir()) for r in (0, 1)] == [[], []]
+    # the step resumed from the ranks' snapshots is made persistent at once (promoted)
+    journal = (tmp_path / "run" / "metrics.jsonl").read_text()
+    saves = [json.loads(line) for line in journal.splitlines() if '"checkpoint"' in line]
+    assert [(r["step"], r["mode"]) for r in saves] == [
+        (6, "promoted"), *([] if damaged else [(8, "promoted")]), (12, "promoted")
+    ]  # fmt: skip
+    if not damaged:
+        resumed = listed.read_manifest(tmp_path / "run" / "step-00000008", trust).recovery
+        assert resumed["promoted"] is True and not {"tier", "rank"} & resumed.keys()
+
+
+def test_a_snapshot_being_promoted_stays_while_newer_rounds_retire_older_ones(
+    tmp_path, signer, trust, monkeypatch
+):
+    """A snapshot every step, persistent every 6: step 6's promotion reads its snapshot back
+    only once snapshot 8 has reached the peer and retired 7. Step 6 is held by the
+    promotion as well as by its copy to the peer, and the copy's release must not free it:
+    the promotion reads it whole and the job ends where the uninterrupted job ends."""
+    read = rankpromotion.reader.read_verified
+
+    def late(path, *args, **kwargs):  # the forked ranks inherit it
+        step = parse_step(path.name)
+        deadline = time.monotonic() + (20 if step == 6 else 0)  # 12: the last step
+        while time.monotonic() < deadline and not (
+            (path.parent / step_dir_name(step + 2)).exists()
+            and not (path.parent / step_dir_name(step + 1)).exists()
+        ):
+            time.sleep(0.01)
+        return read(path, *args, **kwargs)
+
+    monkeypatch.setattr(rankpromotion.reader, "read_verified", late)
+    got = _run_tiered(tmp_path, 12, (signer, trust), False, local_every=1, settle=False)
+    for rank, (start, params, draws) in enumerate(got):
+        want_params, want_draws = _trained(rank, 12)
+        assert (start, params, draws) == (0, want_params, want_draws), rank
+    journal = (tmp_path / "run" / "metrics.jsonl").read_text()
+    saves = [json.loads(line) for line in journal.splitlines() if '"checkpoint"' in line]
+    assert [(r["step"], r["mode"]) for r in saves] == [(6, "promoted"), (12, "promoted")]
 
 
 def test_fsdp_shards_of_a_node_that_lost_its_ram_come_back_from_its_peer(tmp_path, signer, trust):

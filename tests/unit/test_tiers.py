@@ -55,6 +55,26 @@ def test_retire_keeps_the_newest_and_what_a_promotion_copies(held, newest, pinne
     ]
 
 
+@pytest.mark.parametrize(
+    ("held", "released", "pinned"),
+    [
+        ([6, 6], [6], {6}),  # a promotion and a copy to peers: one done, the other reads on
+        ([6, 6], [6, 6], set()),
+        ([6, 8], [6], {8}),
+        ([6], [6, 6], set()),  # released once more than held: not pinned, never negative
+    ],
+)
+def test_a_step_stays_pinned_while_any_of_its_readers_holds_it(held, released, pinned):
+    pins = tiers.Pins()
+    for step in held:
+        pins.add(step)
+    for step in released:
+        pins.discard(step)
+    assert {s for s in (6, 8) if s in pins} == pinned
+    on_disk = [(s, L / str(s)) for s in (6, 8, 10)]
+    assert tiers.retire(on_disk, 10, pins) == [L / str(s) for s in (6, 8) if s not in pinned]
+
+
 def test_a_restart_discards_snapshots_of_steps_after_it():
     held = [(s, L / str(s)) for s in (2, 4, 6)]
     assert tiers.newer(held, 4) == [L / "6"]
