@@ -22,7 +22,12 @@ to the end:
   returns; the write it starts is waited for outside the timing;
 - ``ours async pause``: how long ``Checkpointer.save`` with ``checkpoint.async=true``
   holds the training thread (each rank's copy into its staging buffers); the
-  background commit is waited for (``flush``) outside the timing.
+  background commit is waited for (``flush``) outside the timing;
+- ``ours promoted pause``: how long ``Checkpointer.save`` with the local tier
+  (``checkpoint.local``, its default root in ``/dev/shm``) holds the training thread:
+  each rank's synchronous snapshot into RAM; the promotion behind it (every rank's
+  snapshot read back, verified and written collectively) is waited for outside the
+  timing. Its baseline is ``ours``, the synchronous save of the same step.
 
 The two pauses are timed like the rest, from a barrier to a barrier after the
 call: the pause of the slowest rank, which is what the next collective of the
@@ -81,7 +86,7 @@ def worker(args: argparse.Namespace) -> None:
     from torch.distributed.checkpoint.state_dict_saver import save as dcp_save
 
     from recipes.common import parallelize
-    from recovery.config import CheckpointConfig, DistConfig
+    from recovery.config import CheckpointConfig, DistConfig, LocalConfig
     from recovery.integrity.signing import Signer, TrustStore, generate_keypair
     from recovery.parallel import world as distributed
     from recovery.run.checkpointer import Checkpointer
@@ -113,8 +118,11 @@ def worker(args: argparse.Namespace) -> None:
     trust = TrustStore()
     trust.add_pem(signer.public_pem, source="bench")
 
-    def checkpointer(run: str, *, async_save: bool) -> Checkpointer:
-        ck = CheckpointConfig(root=str(root), every_steps=0, keep_last=2, async_save=async_save)
+    def checkpointer(run: str, *, async_save: bool, local: bool = False) -> Checkpointer:
+        tier = LocalConfig(every_steps=10**9) if local else LocalConfig()  # save() snapshots
+        ck = CheckpointConfig(
+            root=str(root), every_steps=0, keep_last=2, async_save=async_save, local=tier
+        )
         made = Checkpointer(
             ck,
             root / run,
@@ -130,6 +138,7 @@ def worker(args: argparse.Namespace) -> None:
 
     ckpt = checkpointer("run", async_save=False)
     ckpt_async = checkpointer("run-async", async_save=True)
+    ckpt_local = checkpointer("run-local", async_save=False, local=True)
     dcp_group = dist.new_group(backend="gloo")  # async_save's thread: off the default group
     pending: list[object] = []
 
@@ -172,17 +181,24 @@ def worker(args: argparse.Namespace) -> None:
     def finish_ours_async(i: int) -> None:
         ckpt_async.flush()
 
+    def ours_promoted(i: int) -> None:
+        ckpt_local.save(state, i + 1)
+
+    def finish_ours_promoted(i: int) -> None:
+        ckpt_local.flush()
+
     def finish_ours(i: int) -> None:
         ckpt.flush()  # retention's deletions run in the background: not into the next timing
 
     methods = (
         ("DCP save", dcp_only, None),
         ("ours (distributed commit)", ours, finish_ours),
+        ("ours promoted pause", ours_promoted, finish_ours_promoted),
         ("DCP async_save pause", dcp_async, finish_dcp_async),
         ("ours async pause", ours_async, finish_ours_async),
     )
     times: dict[str, list[float]] = {name: [] for name, _, _ in methods}
-    sync_pair, async_pair = methods[:2], methods[2:]
+    sync_pair, async_pair = methods[:3], methods[3:]
     for i in range(args.runs):
         ours_first = i % 2 == 1  # see the module's docstring
         order = (*sync_pair[:: -1 if ours_first else 1], *async_pair[:: -1 if ours_first else 1])
@@ -202,6 +218,7 @@ def worker(args: argparse.Namespace) -> None:
             nbytes = sum(f.stat().st_size for f in shards)
             shutil.rmtree(root / f"dcp-{i}")  # retention keeps ours to two
     ckpt_async.close()
+    ckpt_local.close()  # its last step persistent: its directory in RAM goes
     stager.close()
     if world.leader:
         Path(args.out).write_text(
@@ -256,8 +273,16 @@ def main(argv: list[str] | None = None) -> int:
     print("| method | median s | ratio to DCP save |\n|---|---|---|")
     for name, seconds in med.items():
         print(f"| {name} | {seconds:.3f} | {seconds / base:.2f} |")
+    promoted = med["ours promoted pause"] / med["ours (distributed commit)"]
+    print(f"ours promoted pause / ours (distributed commit): {promoted:.2f}")
     if args.json:
-        keys = ("DCP save", "ours (distributed commit)", "DCP async_save pause", "ours async pause")
+        keys = (
+            "DCP save",
+            "ours (distributed commit)",
+            "ours promoted pause",
+            "DCP async_save pause",
+            "ours async pause",
+        )
         Path(args.json).write_text(json.dumps({k: med[k] for k in keys}, indent=2) + "\n")
     return 0
 

@@ -32,6 +32,11 @@ RESUME = "resume"
 WARM_START = "warm_start"
 IMPORT = "import"
 """The first segment of an imported artifact: weights from outside, origin unverified."""
+PROMOTED_FROM = "promoted_from"
+"""In a statement promoted under ``torchrun`` (:mod:`recovery.run.rankpromotion`): the local
+snapshot (rank 0's) it was written from (``sha256``, ``step``). Its files are not that
+snapshot's, so its digest differs; a link made while the run resumed from that snapshot
+records the snapshot's digest, which the audit resolves to this checkpoint."""
 
 
 def link(manifest: Manifest, path: Path, root: Path | None) -> dict[str, Any]:

@@ -44,6 +44,7 @@ from recovery.parallel import rankstate
 from recovery.parallel import world as distributed
 from recovery.parallel.collectives import Group
 from recovery.parallel.multirank import Parts
+from recovery.provenance import lineage
 from recovery.run import job as job_mod
 from recovery.run import tiers
 from recovery.run.filepromotion import Then
@@ -240,7 +241,10 @@ class RankPromotion:
         if resumed is not None:
             meta, config_yaml = kept
             job = dataclasses.replace(job, meta=meta, config_yaml=config_yaml)
-        promoted = dataclasses.replace(job, statement={**job.statement, "promoted": True})
+        # rank 0's snapshot: a link recorded while the run resumed from it resolves here
+        source = {"sha256": mf.root, "step": mf.step}
+        statement = {**job.statement, "promoted": True, lineage.PROMOTED_FROM: source}
+        promoted = dataclasses.replace(job, statement=statement)
         self.saver.commit_parts(
             promoted, parts, replicated, begun, waited, mode="promoted", pause=pause,
             comm=self.group,

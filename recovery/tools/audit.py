@@ -38,6 +38,7 @@ from recovery.format.layout import SIGNATURE_FILE
 from recovery.format.manifest import Manifest
 from recovery.integrity import chain
 from recovery.integrity.signing import TrustStore
+from recovery.provenance.lineage import PROMOTED_FROM
 from recovery.run import checked
 from recovery.tools.audit_index import (
     Index,
@@ -111,7 +112,12 @@ class Link:
     checkpoints signed it (``status``, ``compared``, ``identical``, ``first``)."""
     tier: str | None = None
     """On a resume link: ``local`` when the resume read a local-tier snapshot (RAM,
-    :mod:`recovery.run.tiers`); the link is then its persistent copy, the same digest."""
+    :mod:`recovery.run.tiers`); the link is then its persistent copy, the same digest (under
+    ``torchrun``: the checkpoint promoted from it, ``promoted_from``)."""
+    promoted_from: str | None = None
+    """The digest the lineage recorded when it is not this checkpoint's own: the local
+    snapshot (rank 0's) a ``torchrun`` job promoted it from, which a run that resumed from
+    that snapshot links to."""
     error: str | None = None
     exception: RecoveryError | None = field(default=None, repr=False)
 
@@ -249,6 +255,7 @@ def audit(
     rec = head.manifest.recovery
     prov_newer: dict[str, Any] | None = rec.get("provenance", {})
     ref, relation = _next(rec)
+    parent = rec.get("parent")
     seen = {head.manifest.root}
     while ref is not None:
         digest = str(ref.get("sha256"))
@@ -272,12 +279,14 @@ def audit(
                 ref, relation, prov_newer = _jump(segments, seg)
                 continue
             link = _describe(loaded.manifest, where, relation)
+            _promoted(link, loaded.manifest, digest, parent)
             prov_older = loaded.manifest.recovery.get("provenance", {})
             if prov_newer is not None and link.imported is None:  # no run to differ from
                 link.drift = _flags(prov_newer, prov_older)
             links.append(link)
             prov_newer = prov_older
             ref, relation = _next(loaded.manifest.recovery)
+            parent = loaded.manifest.recovery.get("parent")
         else:
             pruned = _from_ref(relation, ref, PRUNED, retired_at=_retired(ref, root, trust))
             if not known.complete and pruned.retired_at is None:
@@ -292,7 +301,7 @@ def audit(
             ref, relation, prov_newer = _jump(segments, seg)
     for link in links:
         if link.relation in ("resume", "warm_start"):
-            src_seg = _source_segment(segments, link.sha256)
+            src_seg = _source_segment(segments, link.promoted_from or link.sha256)
             if src_seg and src_seg.get("drift"):
                 link.drift = sorted({*link.drift, *(d.split(":", 1)[0] for d in src_seg["drift"])})
             if src_seg and src_seg.get("resharded"):
@@ -302,6 +311,19 @@ def audit(
             if src_seg and (src_seg.get("from") or {}).get("tier") == "local":
                 link.tier = "local"
     return Report(str(path), links, segments, moved)
+
+
+def _promoted(link: Link, mf: Manifest, digest: str, parent: Any) -> None:
+    """Mark a link that is a checkpoint promoted under ``torchrun`` from the local snapshot
+    the lineage recorded (``digest``: found as :data:`~recovery.provenance.lineage.
+    PROMOTED_FROM`), or from the snapshot the newer link's run resumed (its ``parent``:
+    then the relation is that resume, as where both are one digest)."""
+    source = mf.recovery.get(PROMOTED_FROM)
+    was = source.get("sha256") if isinstance(source, dict) else None
+    if isinstance(parent, dict) and was is not None and parent.get("sha256") == was:
+        link.relation, link.promoted_from = str(parent.get("kind")), was
+    elif mf.root != digest:
+        link.promoted_from = digest
 
 
 def _from_ref(relation: str, ref: dict[str, Any], status: str, **extra: Any) -> Link:

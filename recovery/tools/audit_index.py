@@ -41,6 +41,7 @@ from recovery.format.layout import (
 )
 from recovery.integrity import seal
 from recovery.integrity.signing import MAX_BUNDLE_BYTES, TrustStore
+from recovery.provenance.lineage import PROMOTED_FROM
 from recovery.run import journal
 
 log = logging.getLogger(__name__)
@@ -106,7 +107,8 @@ class Index:
     """The signed step directories :func:`index` found under a root."""
 
     found: dict[str, Path]
-    """Root digest each ``model.sig`` claims -> its directory (not yet verified)."""
+    """Root digest each ``model.sig`` claims -> its directory (not yet verified); also the
+    digest of the local snapshot a checkpoint says it was promoted from (:func:`_claims`)."""
     complete: bool = True
     """False when something was skipped or :data:`MAX_DIRS` stopped the walk: a digest not
     in ``found`` may still be on disk."""
@@ -181,10 +183,10 @@ def index(root: Path, *, first: Path | None = None) -> Index:
                 if below_it is not None:
                     queue.append((path, *below_it))
                 continue
-            digest, why = _claimed_digest(path / SIGNATURE_FILE)
-            if digest is None:
+            claims, why = _claims(path / SIGNATURE_FILE)
+            if not claims:
                 skip(path, why)
-            else:
+            for digest in claims:
                 idx.found.setdefault(digest, path)
     if skipped > MAX_WARNINGS:
         log.warning("audit: skipped %d more entries under %s", skipped - MAX_WARNINGS, root)
@@ -273,26 +275,40 @@ def at_recorded(ref: dict[str, object], root: Path) -> Path | None:
 
 
 def _claimed_digest(sig: Path) -> tuple[str | None, str]:
-    """The root digest ``sig`` claims, or None and why it cannot be read.
+    """The root digest ``sig`` claims, or None and why it cannot be read."""
+    claims, why = _claims(sig)
+    return (claims[0] if claims else None), why
+
+
+def _claims(sig: Path) -> tuple[list[str], str]:
+    """The digests a directory answers for: the root digest ``sig`` claims and, when it
+    says it was promoted from a local snapshot of another digest (under ``torchrun``:
+    :data:`~recovery.provenance.lineage.PROMOTED_FROM`), that snapshot's, which a lineage
+    may record; ``[]`` and why ``sig`` cannot be read.
 
     Reads a regular file only (a FIFO would block) and at most ``MAX_BUNDLE_BYTES``.
     """
     try:
         st = os.lstat(sig)
         if not stat.S_ISREG(st.st_mode):
-            return None, f"{SIGNATURE_FILE} is not a regular file"
+            return [], f"{SIGNATURE_FILE} is not a regular file"
         if st.st_size > MAX_BUNDLE_BYTES:
-            return None, f"{SIGNATURE_FILE} holds {st.st_size} bytes, over {MAX_BUNDLE_BYTES}"
+            return [], f"{SIGNATURE_FILE} holds {st.st_size} bytes, over {MAX_BUNDLE_BYTES}"
         fd = os.open(sig, os.O_RDONLY | os.O_NOFOLLOW | os.O_NONBLOCK)
         with os.fdopen(fd, "rb") as fh:
             data = fh.read(MAX_BUNDLE_BYTES + 1)
     except FileNotFoundError:
-        return None, f"no {SIGNATURE_FILE}: a checkpoint that was never committed"
+        return [], f"no {SIGNATURE_FILE}: a checkpoint that was never committed"
     except OSError as err:
-        return None, f"cannot read {SIGNATURE_FILE} ({err.strerror or err})"
+        return [], f"cannot read {SIGNATURE_FILE} ({err.strerror or err})"
     try:
         bundle = bounded.json_loads(data, limit=MAX_BUNDLE_BYTES)
         statement = bounded.json_loads(base64.b64decode(bundle["dsseEnvelope"]["payload"]))
-        return str(statement["subject"][0]["digest"]["sha256"]), ""
+        claims = [str(statement["subject"][0]["digest"]["sha256"])]
     except (ValueError, KeyError, TypeError, IndexError) as err:
-        return None, f"malformed {SIGNATURE_FILE} ({type(err).__name__}: {err})"
+        return [], f"malformed {SIGNATURE_FILE} ({type(err).__name__}: {err})"
+    recovery = (statement.get("predicate") or {}).get("recovery")
+    source = recovery.get(PROMOTED_FROM) if isinstance(recovery, dict) else None
+    if isinstance(source, dict) and isinstance(source.get("sha256"), str):
+        claims.append(source["sha256"])
+    return claims, ""

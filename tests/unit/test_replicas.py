@@ -22,6 +22,7 @@ from recovery.parallel.world import World
 from recovery.run import peertier, rankpromotion
 from recovery.run.checkpointer import Checkpointer
 from recovery.run.journal import Journal
+from recovery.tools import audit
 from tests.conftest import tiny_state, train_steps
 from tests.unit.test_distributed import _free_port
 
@@ -343,6 +344,15 @@ def test_a_rank_whose_node_lost_its_ram_resumes_from_its_peers_copy(
     if not damaged:
         resumed = listed.read_manifest(tmp_path / "run" / "step-00000008", trust).recovery
         assert resumed["promoted"] is True and not {"tier", "rank"} & resumed.keys()
+        # the lineage records the snapshot resumed from (in RAM, gone): the audit finds the
+        # checkpoint promoted from it, by the digest its statement names (6: retention's)
+        report = audit.audit(tmp_path / "run" / "step-00000012", trust)
+        assert [(link.relation, link.step, link.status) for link in report.links] == [
+            ("self", 12, audit.OK), ("resume", 8, audit.OK), ("previous", 6, audit.PRUNED)
+        ]  # fmt: skip
+        back = report.links[1]
+        assert back.tier == "local" and report.ok
+        assert back.promoted_from == resumed["promoted_from"]["sha256"] != back.sha256
 
 
 def test_a_snapshot_being_promoted_stays_while_newer_rounds_retire_older_ones(
