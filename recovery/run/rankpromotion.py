@@ -30,6 +30,7 @@ from __future__ import annotations
 
 import contextlib
 import dataclasses
+import logging
 import time
 from dataclasses import dataclass
 from pathlib import Path
@@ -110,6 +111,9 @@ def parts_of(
     return Parts({RNG: tree[RNG]}, tensors, groups), split(replicated if leader else {})
 
 
+log = logging.getLogger(__name__)
+
+
 @dataclass(frozen=True)
 class Source:
     """Whose signatures a snapshot an earlier process took is verified against: the
@@ -173,7 +177,14 @@ class RankPromotion:
             SignatureError: a rank's snapshot changed since its resume verified it (on every
                 rank).
         """
-        if not distributed.all_ok(path is not None and path.is_dir()):
+        held = path is not None and path.is_dir()
+        if not distributed.all_ok(held):
+            if held:  # every rank resumed from the persistent tier, or this one alone holds it
+                log.warning(
+                    "local tier: not promoting %s: not every rank holds its snapshot of that "
+                    "step now; the next persistent step makes the run durable",
+                    path,
+                )
             return False
         there = 0  # rank 0 says: 0 nothing at final, 1 a persistent checkpoint, 2 something else
         if self.saver.world.leader and final.exists():
@@ -182,14 +193,28 @@ class RankPromotion:
                 mf = listed.read_manifest(final, source.trust, allow_untrusted=source.untrusted)
                 there = 1 if mf.recovery.get("tier") != tiers.LOCAL else 2
         there = distributed.broadcast_int(there)
-        if there:  # never written over: a persistent step, or what the resume said it passed
+        if there == 2:  # never written over: what the resume passed over stays for a person
+            log.warning(
+                "local tier: not promoting the step resumed from: %s holds something that is "
+                "not a persistent checkpoint of this run; the next persistent step makes the "
+                "run durable",
+                final,
+            )
+        if there:
             return there == 1
         assert path is not None
-        mf = listed.read_manifest(path, source.trust, allow_untrusted=source.untrusted)
-        if not distributed.all_ok(mf.root == root):
+        why = ""
+        try:
+            mf = listed.read_manifest(path, source.trust, allow_untrusted=source.untrusted)
+            if mf.root != root:
+                why = f"its root is {mf.root}, the resume verified {root}"
+        except RecoveryError as err:  # every rank hears of it: none waits in a collective
+            why = str(err)
+        if not distributed.all_ok(not why):
             raise SignatureError(
-                f"{path}: a rank's snapshot changed since the resume verified it (this rank's "
-                f"root {mf.root}, verified {root}); not promoting it. Requeue the job.",
+                f"{path}: a rank's snapshot changed since the resume verified it ("
+                f"{why or 'on another rank: its log says how'}); not promoting it. Requeue "
+                "the job.",
                 path=path,
             )
         dropped = ("tier", "rank", "components")
@@ -233,6 +258,14 @@ class RankPromotion:
                 if failure
                 else ("another rank could not read its snapshot back (its log says why)")
             )
+            if resumed is not None:  # the state is back already: no reason to stop the job
+                log.warning(
+                    "local tier: step %d resumed from is not promoted: %s; the next "
+                    "persistent step makes the run durable",
+                    job.step,
+                    why,
+                )
+                return job.final
             raise CommitError(
                 f"step {job.step}: not promoted: {why}; nothing was committed and earlier "
                 "checkpoints are intact.",

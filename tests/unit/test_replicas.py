@@ -14,7 +14,7 @@ import torch
 import torch.multiprocessing as mp
 
 from recovery.config import CheckpointConfig, LocalConfig, ResumeCheckConfig
-from recovery.errors import CommitError, ConfigError
+from recovery.errors import CommitError, ConfigError, FormatError
 from recovery.format.layout import parse_step, step_dir_name
 from recovery.integrity import listed
 from recovery.parallel import replicas, transfer
@@ -301,10 +301,12 @@ def _run_tiered(
 
 
 @pytest.mark.parametrize(
-    ("damaged", "async_save"), [(False, True), (True, False)], ids=["copy-async", "damaged-copy"]
+    ("damaged", "async_save", "unpromotable"),
+    [(False, True, False), (True, False, False), (False, False, True)],
+    ids=["copy-async", "damaged-copy", "not-promoted"],
 )
 def test_a_rank_whose_node_lost_its_ram_resumes_from_its_peers_copy(
-    tmp_path, signer, trust, damaged, async_save
+    tmp_path, signer, trust, damaged, async_save, unpromotable, monkeypatch
 ):
     """Two ranks (forked, gloo), each its own local root: snapshots every 2 steps, sent to
     the other rank; persistent every 6. Stopped after step 9 (snapshot 8, persistent 6),
@@ -312,7 +314,9 @@ def test_a_rank_whose_node_lost_its_ram_resumes_from_its_peers_copy(
     0's copy, and end where an uninterrupted run ends, each rank with its own RNG. The
     copy damaged (a flipped byte): rank 1's verification refuses it, and both ranks pass
     step 8 over to persistent 6. A directory of a layout no rank uses now (``rank5``) goes
-    at the start; once the last step is persistent, nothing is left in either root."""
+    at the start; once the last step is persistent, nothing is left in either root. A
+    resumed step whose snapshot cannot be read back for its promotion (``unpromotable``) is
+    a warning, not a stop: the job goes on from the state it recovered."""
     _run_tiered(tmp_path, 9, (signer, trust), async_save)
     [run] = (tmp_path / "shm0").iterdir()
     assert sorted(p.name for p in run.iterdir()) == ["rank0", "replica-rank1"]
@@ -327,6 +331,15 @@ def test_a_rank_whose_node_lost_its_ram_resumes_from_its_peers_copy(
         raw[-1] ^= 1
         victim.write_bytes(bytes(raw))
     shutil.copytree(run / "rank0", run / "rank5")  # an earlier layout's, or another branch
+    if unpromotable:  # the forked ranks inherit it
+        read = rankpromotion.RankPromotion._read
+
+        def refused(self, path, mf, like, resumed):
+            if resumed is not None:
+                raise FormatError(f"{path}: written by another layout (this test)")
+            return read(self, path, mf, like, resumed)
+
+        monkeypatch.setattr(rankpromotion.RankPromotion, "_read", refused)
     got = _run_tiered(tmp_path, 12, (signer, trust), async_save)
     start = 6 if damaged else 8
     assert [s for s, _, _ in got] == [start, start]
@@ -339,9 +352,9 @@ def test_a_rank_whose_node_lost_its_ram_resumes_from_its_peers_copy(
     journal = (tmp_path / "run" / "metrics.jsonl").read_text()
     saves = [json.loads(line) for line in journal.splitlines() if '"checkpoint"' in line]
     assert [(r["step"], r["mode"]) for r in saves] == [
-        (6, "promoted"), *([] if damaged else [(8, "promoted")]), (12, "promoted")
+        (6, "promoted"), *([] if damaged or unpromotable else [(8, "promoted")]), (12, "promoted")
     ]  # fmt: skip
-    if not damaged:
+    if not (damaged or unpromotable):
         resumed = listed.read_manifest(tmp_path / "run" / "step-00000008", trust).recovery
         assert resumed["promoted"] is True and not {"tier", "rank"} & resumed.keys()
         # the lineage records the snapshot resumed from (in RAM, gone): the audit finds the
