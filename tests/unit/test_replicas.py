@@ -13,9 +13,10 @@ import pytest
 import torch
 import torch.multiprocessing as mp
 
+from recovery import faults
 from recovery.config import CheckpointConfig, LocalConfig, ResumeCheckConfig
 from recovery.errors import CommitError, ConfigError, FormatError
-from recovery.format.layout import parse_step, step_dir_name
+from recovery.format.layout import parse_step, scan, step_dir_name
 from recovery.integrity import listed
 from recovery.parallel import replicas, transfer
 from recovery.parallel.world import World
@@ -395,6 +396,42 @@ def test_a_snapshot_being_promoted_stays_while_newer_rounds_retire_older_ones(
     journal = (tmp_path / "run" / "metrics.jsonl").read_text()
     saves = [json.loads(line) for line in journal.splitlines() if '"checkpoint"' in line]
     assert [(r["step"], r["mode"]) for r in saves] == [(6, "promoted"), (12, "promoted")]
+
+
+@pytest.mark.parametrize(
+    ("rank", "point"),
+    [(1, "rank-1-write-6"), (0, "commit-before-manifest-6"), (0, "commit-before-rename-6")],
+    ids=["its-own-files", "before-the-manifest", "before-the-rename"],
+)
+def test_a_rank_killed_in_a_phase_of_a_promotion_commits_nothing_and_the_job_resumes(
+    tmp_path, signer, trust, monkeypatch, rank, point
+):
+    """Step 6's promotion (every rank's snapshot read back, the collective save): ``rank``
+    dies at ``point`` (``os._exit``, no clean-up: a SIGKILL), the other rank's collectives
+    break. Nothing is committed in the run directory; the job resumes from the ranks'
+    snapshots of 6, promotes that step at once, and ends where the uninterrupted run ends."""
+    reach = faults.reach
+
+    def dies(name: str) -> None:  # the forked ranks inherit it
+        if name == point and torch.distributed.get_rank() == rank:
+            os._exit(9)
+        reach(name)
+
+    monkeypatch.setattr(faults, "reach", dies)
+    with pytest.raises(mp.ProcessExitedException):
+        _run_tiered(tmp_path, 9, (signer, trust), False)
+    listing = scan(tmp_path / "run")
+    assert listing.committed == [] and listing.stale, point  # its temp directory, unsigned
+    monkeypatch.setattr(faults, "reach", reach)
+    got = _run_tiered(tmp_path, 12, (signer, trust), False)
+    assert [s for s, _, _ in got] == [6, 6]
+    for r, (_, params, draws) in enumerate(got):
+        want_params, want_draws = _trained(r, 12)
+        assert params == want_params and draws == want_draws[6:], r
+    journal = (tmp_path / "run" / "metrics.jsonl").read_text()
+    saves = [json.loads(line) for line in journal.splitlines() if '"checkpoint"' in line]
+    assert [(r["step"], r["mode"]) for r in saves] == [(6, "promoted"), (12, "promoted")]
+    assert not scan(tmp_path / "run").stale
 
 
 def test_fsdp_shards_of_a_node_that_lost_its_ram_come_back_from_its_peer(tmp_path, signer, trust):
