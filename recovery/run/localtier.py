@@ -21,7 +21,7 @@ from pathlib import Path
 from typing import Any
 
 from recovery.config import LocalConfig
-from recovery.errors import RecoveryError, SignatureError
+from recovery.errors import RecoveryError, SignatureError, StorageError
 from recovery.format.layout import RANK_SNAPSHOT, step_dir_name
 from recovery.integrity import commit, listed
 from recovery.integrity.signing import Signer, TrustStore
@@ -162,14 +162,23 @@ class LocalTier(LocalDir):
         # a fresh run's optimizer state is not there yet: checked again after the first
         # snapshot (:meth:`_recheck`); the staging buffers are another copy in RAM, and so
         # is a snapshot a promotion under torchrun reads back
-        self.reserve(
-            nbytes,
-            self._freeable(),
-            staging=nbytes * ((self._staging is not None) + isinstance(promotion, RankPromotion)),
-            copies=self._copies(),
-            every=self.every,
-            event=self.event,
-        )
+        refused: StorageError | None = None
+        try:
+            self.reserve(
+                nbytes,
+                self._freeable(),
+                staging=nbytes
+                * ((self._staging is not None) + isinstance(promotion, RankPromotion)),
+                copies=self._copies(),
+                every=self.every,
+                event=self.event,
+            )
+        except StorageError as err:
+            refused = err
+        if self.peers is not None:  # under torchrun every rank refuses together
+            self.peers.agree_on_room(refused)
+        if refused is not None:
+            raise refused
         final = self.run_dir / step_dir_name(step)
         if isinstance(promotion, RankPromotion):  # every rank's own snapshot, now in its dir
             mine = self.dir / step_dir_name(step) if self._held_here(resumed) else None

@@ -45,7 +45,7 @@ from typing import Any
 from torch import Tensor
 
 from recovery.config import LocalConfig
-from recovery.errors import ConfigError, RecoveryError
+from recovery.errors import ConfigError, RecoveryError, StorageError
 from recovery.format.layout import scan, step_dir_name
 from recovery.integrity import commit, listed, private
 from recovery.integrity.signing import TrustStore
@@ -263,6 +263,23 @@ class Peers:
                     holder,
                 )
         return [(plan.step, self._found[self.world.rank, plan.step])]
+
+    def agree_on_room(self, refused: StorageError | None) -> None:
+        """At start, after each node's RAM check (``refused``: this rank's refusal): when
+        another node's refused, refuse here too, so every rank stops at once with one line
+        and none waits in a collective for a rank that is gone (collective, job's group).
+
+        Raises:
+            StorageError: another rank's local tier does not fit its node.
+        """
+        if distributed.all_ok(refused is None) or refused is not None:
+            return
+        raise StorageError(
+            "checkpoint.local.root: another node's local tier does not fit in its RAM (that "
+            "node's log says how much it needs); free RAM (or /dev/shm's size) there, choose "
+            "another checkpoint.local.root=, or set checkpoint.local.every_steps=0",
+            path=self.node_dir,
+        )
 
     def failed(self) -> bool:
         """Whether the round submitted last has finished, and failed."""

@@ -15,12 +15,12 @@ import torch.multiprocessing as mp
 
 from recovery import faults
 from recovery.config import CheckpointConfig, LocalConfig, ResumeCheckConfig
-from recovery.errors import CommitError, ConfigError, FormatError
+from recovery.errors import CommitError, ConfigError, FormatError, StorageError
 from recovery.format.layout import parse_step, scan, step_dir_name
 from recovery.integrity import listed
 from recovery.parallel import replicas, transfer
 from recovery.parallel.world import World
-from recovery.run import peertier, rankpromotion
+from recovery.run import localdir, peertier, rankpromotion
 from recovery.run.checkpointer import Checkpointer
 from recovery.run.journal import Journal
 from recovery.tools import audit
@@ -432,6 +432,38 @@ def test_a_rank_killed_in_a_phase_of_a_promotion_commits_nothing_and_the_job_res
     saves = [json.loads(line) for line in journal.splitlines() if '"checkpoint"' in line]
     assert [(r["step"], r["mode"]) for r in saves] == [(6, "promoted"), (12, "promoted")]
     assert not scan(tmp_path / "run").stale
+
+
+def _refusing_rank(rank: int, out: str, *args) -> None:
+    """:func:`_tiered_rank`, whose error (type and message) goes to ``out.<rank>``."""
+    try:
+        _tiered_rank(rank, *args)
+    except Exception as err:
+        Path(f"{out}.{rank}").write_text(f"{type(err).__name__}: {err}")
+
+
+def test_a_node_whose_ram_does_not_fit_stops_every_rank_at_once_with_one_line(
+    tmp_path, signer, trust, monkeypatch
+):
+    """Rank 1's node has no room for the local tier (its RAM check refuses): rank 1 says so
+    in one line, and rank 0, whose node has room, refuses too, naming the other node, before
+    either trains a step, rather than waiting in a collective for a rank that is gone."""
+    reserve = localdir.LocalDir.reserve
+    refusal = "checkpoint.local.root: the local tier in (this test) needs more than there is"
+
+    def full(self, *args, **kwargs):  # the forked ranks inherit it
+        if torch.distributed.get_rank() == 1:
+            raise StorageError(refusal)
+        return reserve(self, *args, **kwargs)
+
+    monkeypatch.setattr(localdir.LocalDir, "reserve", full)
+    out = str(tmp_path / "err")
+    args = (out, _free_port(), str(tmp_path), 9, str(tmp_path / "out"), (signer, trust), False)
+    mp.start_processes(_refusing_rank, args=args, nprocs=2, start_method="fork")
+    said = [Path(f"{out}.{rank}").read_text() for rank in (0, 1)]
+    assert said[1] == f"StorageError: {refusal}"
+    assert said[0].startswith("StorageError: checkpoint.local.root: another node's local tier")
+    assert not (tmp_path / "run" / "metrics.jsonl").read_text().count('"step"')
 
 
 def test_fsdp_shards_of_a_node_that_lost_its_ram_come_back_from_its_peer(tmp_path, signer, trust):
