@@ -21,7 +21,7 @@ from pathlib import Path
 from typing import Any
 
 from recovery.config import LocalConfig
-from recovery.errors import RecoveryError, SignatureError, StorageError
+from recovery.errors import RecoveryError, SignatureError
 from recovery.format.layout import RANK_SNAPSHOT, step_dir_name
 from recovery.integrity import commit, listed
 from recovery.integrity.signing import Signer, TrustStore
@@ -162,23 +162,18 @@ class LocalTier(LocalDir):
         # a fresh run's optimizer state is not there yet: checked again after the first
         # snapshot (:meth:`_recheck`); the staging buffers are another copy in RAM, and so
         # is a snapshot a promotion under torchrun reads back
-        refused: StorageError | None = None
-        try:
-            self.reserve(
+        extra = (self._staging is not None) + isinstance(promotion, RankPromotion)
+        peertier.agreed(
+            self.peers,
+            lambda: self.reserve(
                 nbytes,
                 self._freeable(),
-                staging=nbytes
-                * ((self._staging is not None) + isinstance(promotion, RankPromotion)),
+                staging=nbytes * extra,
                 copies=self._copies(),
                 every=self.every,
                 event=self.event,
-            )
-        except StorageError as err:
-            refused = err
-        if self.peers is not None:  # under torchrun every rank refuses together
-            self.peers.agree_on_room(refused)
-        if refused is not None:
-            raise refused
+            ),
+        )
         final = self.run_dir / step_dir_name(step)
         if isinstance(promotion, RankPromotion):  # every rank's own snapshot, now in its dir
             mine = self.dir / step_dir_name(step) if self._held_here(resumed) else None
@@ -380,8 +375,9 @@ class LocalTier(LocalDir):
         self._rechecked = True
         # a promotion under torchrun reads a snapshot back: a copy not in memory yet
         reads = self.snapshot_bytes if isinstance(self.promotion, RankPromotion) else 0
-        tiers.fit(
-            self.dir, self.snapshot_bytes, self._freeable(), staging=reads, copies=self._copies()
+        size, held, copies = self.snapshot_bytes, self._freeable(), self._copies()
+        peertier.agreed(  # every rank snapshots the same steps: all check here, all refuse
+            self.peers, lambda: tiers.fit(self.dir, size, held, staging=reads, copies=copies)
         )
 
     def _freeable(self) -> list[Path]:

@@ -20,7 +20,7 @@ from recovery.format.layout import parse_step, scan, step_dir_name
 from recovery.integrity import listed
 from recovery.parallel import replicas, transfer
 from recovery.parallel.world import World
-from recovery.run import localdir, peertier, rankpromotion
+from recovery.run import peertier, rankpromotion, tiers
 from recovery.run.checkpointer import Checkpointer
 from recovery.run.journal import Journal
 from recovery.tools import audit
@@ -442,28 +442,33 @@ def _refusing_rank(rank: int, out: str, *args) -> None:
         Path(f"{out}.{rank}").write_text(f"{type(err).__name__}: {err}")
 
 
+@pytest.mark.parametrize(("check", "steps"), [(1, 0), (2, 4)], ids=["at-start", "recheck"])
 def test_a_node_whose_ram_does_not_fit_stops_every_rank_at_once_with_one_line(
-    tmp_path, signer, trust, monkeypatch
+    tmp_path, signer, trust, monkeypatch, check, steps
 ):
-    """Rank 1's node has no room for the local tier (its RAM check refuses): rank 1 says so
-    in one line, and rank 0, whose node has room, refuses too, naming the other node, before
-    either trains a step, rather than waiting in a collective for a rank that is gone."""
-    reserve = localdir.LocalDir.reserve
+    """Rank 1's node has no room for the local tier (its RAM check refuses, at start or when
+    the first snapshot's real size is checked again before the second, step 4): rank 1 says
+    so in one line, and rank 0, whose node has room, refuses too at the same point, naming
+    the other node, rather than waiting in a collective for a rank that is gone."""
+    fit, calls = tiers.fit, []
     refusal = "checkpoint.local.root: the local tier in (this test) needs more than there is"
 
-    def full(self, *args, **kwargs):  # the forked ranks inherit it
-        if torch.distributed.get_rank() == 1:
+    def full(*args, **kwargs):  # the forked ranks inherit it
+        calls.append(1)
+        if torch.distributed.get_rank() == 1 and len(calls) == check:
             raise StorageError(refusal)
-        return reserve(self, *args, **kwargs)
+        return fit(*args, **kwargs)
 
-    monkeypatch.setattr(localdir.LocalDir, "reserve", full)
+    monkeypatch.setattr(tiers, "fit", full)
     out = str(tmp_path / "err")
     args = (out, _free_port(), str(tmp_path), 9, str(tmp_path / "out"), (signer, trust), False)
     mp.start_processes(_refusing_rank, args=args, nprocs=2, start_method="fork")
     said = [Path(f"{out}.{rank}").read_text() for rank in (0, 1)]
     assert said[1] == f"StorageError: {refusal}"
     assert said[0].startswith("StorageError: checkpoint.local.root: another node's local tier")
-    assert not (tmp_path / "run" / "metrics.jsonl").read_text().count('"step"')
+    journal = (tmp_path / "run" / "metrics.jsonl").read_text()
+    trained = [json.loads(line) for line in journal.splitlines() if '"loss"' in line]
+    assert [r["step"] for r in trained] == list(range(1, steps + 1))
 
 
 def test_fsdp_shards_of_a_node_that_lost_its_ram_come_back_from_its_peer(tmp_path, signer, trust):
