@@ -2,10 +2,10 @@
 
 A local-tier snapshot under ``torchrun`` (:mod:`recovery.run.peertier`) holds what its
 rank holds, keyed by parameter name: with DDP the replicated tensors, with FSDP2 each
-DTensor's local shard: :func:`of` takes model and
-optimizer through DCP's state-dict API (keys that name parameters; an optimizer without
-state is not handed to it, which would step it once to make some) and keeps every
-DTensor's local tensor (a view, not a copy). :func:`load` puts such a tree back into the
+DTensor's local shard: :func:`view` takes model and optimizer through DCP's state-dict
+API (keys that name parameters; an optimizer without state is not handed to it, which
+would step it once to make some) and :func:`local` keeps every DTensor's local tensor (a
+view, not a copy). :func:`load` puts such a tree back into the
 same ranks' shards: it reads the live state the same way, checks every key, shape and
 dtype against it first, copies the saved shards into copies of the live DTensors, and
 only then applies them (``set_state_dict``). It serves the same world and the same
@@ -46,12 +46,6 @@ def view(model: torch.nn.Module, optimizer: torch.optim.Optimizer) -> dict[str, 
     return {MODEL: tensors[MODEL], OPTIMIZER: {"state": tensors[OPTIMIZER], **groups}}
 
 
-def of(model: torch.nn.Module, optimizer: torch.optim.Optimizer) -> dict[str, Any]:
-    """:func:`view` with this rank's own shards of every DTensor (views, not copies): what a
-    rank's snapshot holds of ``model`` and ``optimizer``."""
-    return dict(local(view(model, optimizer)))
-
-
 def _stateless(model: torch.nn.Module, optimizer: torch.optim.Optimizer) -> dict[str, Any]:
     """An optimizer without state (plain SGD) as DCP's API gives one: its param groups,
     each naming its parameters."""
@@ -88,8 +82,8 @@ def _leaves(tree: Any, prefix: str = "") -> dict[str, Any]:
 def load(
     model: torch.nn.Module, optimizer: torch.optim.Optimizer, saved: dict[str, Any], *, where: Path
 ) -> None:
-    """Put a tree :func:`of` took (decoded from a verified snapshot) back into ``model`` and
-    ``optimizer``; nothing is changed unless all of it fits.
+    """Put a tree :func:`view` and :func:`local` took (decoded from a verified snapshot)
+    back into ``model`` and ``optimizer``; nothing is changed unless all of it fits.
 
     Raises:
         IncompatibleStateError: a key, shape or dtype differs from this rank's shards.

@@ -21,7 +21,6 @@ from recovery.run.job import SaveJob
 from recovery.run.savers import Committed, Cost
 from recovery.run.tiers import Pins
 from recovery.run.writer import BackgroundWriter
-from recovery.state.registry import TrainState
 
 Then = Callable[[Path, Manifest, float], None]
 """What follows a committed snapshot: (its path, its manifest, the training thread's pause)."""
@@ -46,7 +45,7 @@ class FilePromotion:
         self.writer = writer
         self.pinned = pinned
 
-    def then(self, job: SaveJob, state: TrainState, *, waited: float) -> Then:
+    def then(self, job: SaveJob, *, waited: float) -> Then:
         """What follows ``job``'s step's snapshot: its promotion (:meth:`submit`)."""
 
         def then(path: Path, mf: Manifest, pause: float) -> None:

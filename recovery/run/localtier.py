@@ -27,7 +27,7 @@ from recovery.integrity import commit, listed
 from recovery.integrity.signing import Signer, TrustStore
 from recovery.parallel.world import SINGLE, World
 from recovery.run import job as job_mod
-from recovery.run import peertier, rankpromotion, tiers
+from recovery.run import localroom, peertier, rankpromotion, tiers
 from recovery.run.filepromotion import FilePromotion, Then
 from recovery.run.job import SaveJob, Tensors, split
 from recovery.run.localdir import LocalDir
@@ -163,20 +163,22 @@ class LocalTier(LocalDir):
         # snapshot (:meth:`_recheck`); the staging buffers are another copy in RAM, and so
         # is a snapshot a promotion under torchrun reads back
         extra = (self._staging is not None) + isinstance(promotion, RankPromotion)
-        peertier.agreed(
+        localroom.agreed(
             self.peers,
             lambda: self.reserve(
                 nbytes,
-                self._freeable(),
+                localroom.freeable(self.peers, self.held()),
                 staging=nbytes * extra,
-                copies=self._copies(),
+                copies=localroom.copies(self.peers),
                 every=self.every,
                 event=self.event,
             ),
         )
         final = self.run_dir / step_dir_name(step)
         if isinstance(promotion, RankPromotion):  # every rank's own snapshot, now in its dir
-            mine = self.dir / step_dir_name(step) if self._held_here(resumed) else None
+            # resumed from this node's RAM (a rank's or a copy: adopt moved it into its dir)
+            here = resumed is not None and resumed.parent.parent == self.dir.parent
+            mine = self.dir / step_dir_name(step) if here else None
             source = rankpromotion.Source(trust, allow_untrusted)
             return promotion.start(state, mine, final, root=root, source=source)
         if resumed is None or resumed.parent != self.dir:
@@ -196,7 +198,14 @@ class LocalTier(LocalDir):
         promotion.submit(job_mod.resumed(final, mf), resumed, mf, pause=0.0, waited=0.0)
         return False
 
-    def snapshot(self, job: SaveJob, state: TrainState, *, then: Then | None = None) -> float:
+    def snapshot(
+        self,
+        job: SaveJob,
+        state: TrainState,
+        *,
+        then: Then | None = None,
+        view: dict[str, Any] | None = None,
+    ) -> float:
         """Snapshot ``job``'s step into the local directory; return the seconds the training
         thread spent. Once it is committed (older snapshots retired), ``then(path, manifest,
         pause)`` runs.
@@ -229,12 +238,12 @@ class LocalTier(LocalDir):
         skipped, self.skipped = self.skipped, 0
         if self._staging is None or self._snapshots is None:
             self._recheck()
-            skeletons, tensors = split(self._tree(state))
+            skeletons, tensors = split(self._tree(state, view))
             self._commit(local, skeletons, tensors, started, then)
             return time.perf_counter() - started
         self._snapshots.wait()  # the buffers are free once the previous write committed
         self._recheck()
-        staged = self._staging.stage(self._tree(state))
+        staged = self._staging.stage(self._tree(state, view))
         pause = time.perf_counter() - started
 
         def run() -> Path:
@@ -295,19 +304,16 @@ class LocalTier(LocalDir):
         """Snapshot ``job``'s step locally, then promote it to ``job.final`` in the background;
         return the seconds the training thread spent (the snapshot's). The caller has waited
         for the previous promotion (:meth:`wait`)."""
-        started = time.perf_counter()  # under torchrun the live DTensors' specs are taken first
-        then = self.promotion.then(job, state, waited=waited)
-        return time.perf_counter() - started + self.snapshot(job, state, then=then)
+        if not isinstance(self.promotion, RankPromotion):
+            return self.snapshot(job, state, then=self.promotion.then(job, waited=waited))
+        started = time.perf_counter()
+        view, then = self.promotion.taking(job, state, waited=waited)
+        return time.perf_counter() - started + self.snapshot(job, state, then=then, view=view)
 
-    def _held_here(self, resumed: Path | None) -> bool:
-        """Whether ``resumed`` is a snapshot in this node's run directory in RAM (a rank's or
-        a copy: :meth:`~recovery.run.peertier.Peers.adopt` moved it into :attr:`dir`)."""
-        return resumed is not None and resumed.parent.parent == self.dir.parent
-
-    def _tree(self, state: TrainState) -> dict[str, Any]:
+    def _tree(self, state: TrainState, view: dict[str, Any] | None) -> dict[str, Any]:
         """What a snapshot holds: the state's tree; under ``torchrun`` a rank's
-        (:func:`recovery.run.peertier.tree`)."""
-        return peertier.tree(state) if self.world.distributed else state.state_dict()
+        (:func:`recovery.run.peertier.tree`, from ``view`` when it was taken already)."""
+        return peertier.tree(state, view) if self.world.distributed else state.state_dict()
 
     def wait(self) -> float:
         """Wait for the snapshot write and the promotion in flight (in that order: the one
@@ -375,20 +381,8 @@ class LocalTier(LocalDir):
         self._rechecked = True
         # a promotion under torchrun reads a snapshot back: a copy not in memory yet
         reads = self.snapshot_bytes if isinstance(self.promotion, RankPromotion) else 0
-        size, held, copies = self.snapshot_bytes, self._freeable(), self._copies()
-        peertier.agreed(  # every rank snapshots the same steps: all check here, all refuse
+        size, held = self.snapshot_bytes, localroom.freeable(self.peers, self.held())
+        copies = localroom.copies(self.peers)
+        localroom.agreed(  # every rank snapshots the same steps: all check here, all refuse
             self.peers, lambda: tiers.fit(self.dir, size, held, staging=reads, copies=copies)
         )
-
-    def _freeable(self) -> list[Path]:
-        """The snapshots whose room the check counts as free (they are replaced): this
-        rank's, or under torchrun every one in the node's run directory."""
-        return self.peers.node_held() if self.peers is not None else [p for _, p in self.held()]
-
-    def _copies(self) -> int:
-        """The snapshot-sized copies this rank keeps at most: its own (:data:`~recovery.run.
-        tiers.HELD`) and its peers' (:meth:`~recovery.run.peertier.Peers.copies`)."""
-        if self.peers is None:
-            return tiers.HELD
-        # the ranks of a node share its RAM, each with copies of its own
-        return (tiers.HELD + self.peers.copies()) * len(self.peers.node_ranks)

@@ -348,29 +348,15 @@ def single(
     return kept
 
 
-def agreed(peers: Peers | None, check: Callable[[], object]) -> None:
-    """Run a RAM ``check`` of the local tier; under ``torchrun`` (``peers``) every rank
-    refuses together (:meth:`Peers.agree_on_room`: collective on the job's group).
-
-    Raises:
-        StorageError: this rank's check, or another rank's, refused.
-    """
-    try:
-        check()
-    except StorageError as err:
-        if peers is not None:
-            peers.agree_on_room(err)
-        raise
-    if peers is not None:
-        peers.agree_on_room(None)
-
-
-def tree(state: TrainState) -> dict[str, Any]:
+def tree(state: TrainState, view: dict[str, Any] | None = None) -> dict[str, Any]:
     """What a rank's snapshot holds of ``state``: every component's state and the RNG
-    streams, model and optimizer keyed by parameter name (with FSDP2 this rank's own
-    shards: :func:`recovery.parallel.rankstate.of`), as the persistent tier writes them."""
+    streams, model and optimizer keyed by parameter name, with FSDP2 this rank's own shards
+    (:func:`recovery.parallel.rankstate.view`, or ``view`` when taken already, then
+    ``local``), as the persistent tier writes them."""
     taken = state.state_dict()
-    taken.update(rankstate.of(state.components[MODEL], state.components[OPTIMIZER]))
+    if view is None:
+        view = rankstate.view(state.components[MODEL], state.components[OPTIMIZER])
+    taken.update(rankstate.local(view))
     return taken
 
 

@@ -57,6 +57,8 @@ from recovery.run.writer import BackgroundWriter
 from recovery.state import snapshot
 from recovery.state.registry import MODEL, OPTIMIZER, RNG, TrainState
 
+log = logging.getLogger(__name__)
+
 
 def specs(view: dict[str, Any]) -> dict[str, Any]:
     """What a promotion needs of the live ``view`` (:func:`recovery.parallel.rankstate.view`):
@@ -111,9 +113,6 @@ def parts_of(
     return Parts({RNG: tree[RNG]}, tensors, groups), split(replicated if leader else {})
 
 
-log = logging.getLogger(__name__)
-
-
 @dataclass(frozen=True)
 class Source:
     """Whose signatures a snapshot an earlier process took is verified against: the
@@ -139,11 +138,12 @@ class RankPromotion:
         self.group = Group.create(distributed.timeout())
 
     def then(
-        self, job: SaveJob, state: TrainState, *, waited: float, resumed: Source | None = None
+        self, job: SaveJob, view: dict[str, Any], *, waited: float, resumed: Source | None = None
     ) -> Then:
-        """What follows ``job``'s step's snapshot (on the training thread: the live DTensors'
-        specs are taken now): its promotion (:meth:`promote`) on the promotion thread."""
-        like = specs(rankstate.view(state.components[MODEL], state.components[OPTIMIZER]))
+        """What follows ``job``'s step's snapshot: its promotion (:meth:`promote`) on the
+        promotion thread. ``view``: the live state's (:func:`recovery.parallel.rankstate.view`,
+        taken on the training thread), whose DTensors' specs the promotion keeps."""
+        like = specs(view)
 
         def then(path: Path, mf: Manifest, pause: float) -> None:
             self.pinned.add(job.step)
@@ -159,6 +159,15 @@ class RankPromotion:
             self.writer.submit(run)
 
         return then
+
+    def taking(
+        self, job: SaveJob, state: TrainState, *, waited: float
+    ) -> tuple[dict[str, Any], Then]:
+        """At ``job``'s step, on the training thread: DCP's view of the live model and
+        optimizer, taken once for the snapshot's tree and for the specs its promotion wraps
+        the shards with, and what follows the snapshot (:meth:`then`)."""
+        view = rankstate.view(state.components[MODEL], state.components[OPTIMIZER])
+        return view, self.then(job, view, waited=waited)
 
     def start(
         self, state: TrainState, path: Path | None, final: Path, *, root: str | None, source: Source
@@ -223,7 +232,8 @@ class RankPromotion:
             statement={k: v for k, v in mf.recovery.items() if k not in dropped},
             absent=dict(state.absent),
         )
-        self.then(job, state, waited=0.0, resumed=source)(path, mf, 0.0)
+        view = rankstate.view(state.components[MODEL], state.components[OPTIMIZER])
+        self.then(job, view, waited=0.0, resumed=source)(path, mf, 0.0)
         return False
 
     def promote(
