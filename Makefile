@@ -33,6 +33,9 @@ lint: $(STAMP)
 	NO_MKDOCS_2_WARNING=1 $(BIN)/mkdocs build --strict --quiet --site-dir site
 
 # The whole suite, its 30 slowest tests and the total (lint included) printed at the end.
+# First, tests/provision.sh installs the system packages some tests need (Chromium, SLURM
+# and munge) where it can (apt-get as root or with passwordless sudo; PROVISION=no: never);
+# where it cannot, those tests skip and the closing lines name what to install.
 # Test processes start from a preloaded launcher (tests/launcher/); PYTEST_JOBS: one pytest
 # worker more than the cores (pytest-xdist; 3 on 2 cores: 523 s for the integration tests
 # where 2 took 740 s), worksteal: an idle worker takes tests queued for another.
@@ -40,7 +43,7 @@ lint: $(STAMP)
 # processes part of the time): its output is printed after theirs, and either failing
 # fails `make test`.
 test: $(STAMP)
-	@start=$$(date +%s); lintlog=$$(mktemp); \
+	@start=$$(date +%s); bash tests/provision.sh; lintlog=$$(mktemp); \
 	$(MAKE) --no-print-directory lint >$$lintlog 2>&1 & lintpid=$$!; \
 	$(BIN)/python -m pytest -q $(PYTEST_JOBS) --durations=30 $(PYTEST_ARGS); code=$$?; \
 	wait $$lintpid; lintcode=$$?; cat $$lintlog; rm -f $$lintlog; \

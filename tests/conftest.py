@@ -28,7 +28,7 @@ from recovery.provenance.purpose import BUILTIN
 from recovery.state import snapshot
 from recovery.state.registry import TrainState
 from recovery.state.sampler import ResumableSampler
-from tests import launcher
+from tests import launcher, system
 
 
 def tensor_bytes(tensors) -> bytes:
@@ -288,3 +288,13 @@ def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item
         del quick[:take]
     shares[-1].extend(quick)  # what a costly-heavy share left over
     items[:] = [item for share in shares for item in share]
+
+
+def pytest_terminal_summary(terminalreporter) -> None:
+    """The closing lines name, in one line, what the skipped tests need installed."""
+    reasons = []
+    for report in terminalreporter.stats.get("skipped", []):
+        if isinstance(report.longrepr, tuple):  # (path, line, "Skipped: <reason>")
+            reasons.append(str(report.longrepr[2]))
+    if line := system.summary(reasons):
+        terminalreporter.write_line(line, yellow=True, bold=True)

@@ -13,6 +13,8 @@ from recovery import errors
 from recovery.config import SigningConfig, parse_duration
 from recovery.integrity import trust
 from recovery.integrity.signing import TrustStore
+from recovery.run import checked
+from recovery.run.checked import signer_text as signer_text  # the commands import it here
 
 if TYPE_CHECKING:  # imported when a command loads tensors, not to list commands
     from recovery.run import resume
@@ -110,22 +112,8 @@ def load(args: argparse.Namespace, path: Path) -> resume.Loaded:
     return resume.load(path, trust_of(args), allow_untrusted=args.allow_untrusted)
 
 
-def signer_text(signer: dict[str, Any] | None) -> str:
-    """``63f7f2ef1a2b (dev key, trusted)``."""
-    if not signer:
-        return "unsigned"
-    tags = [
-        t for t, on in (("dev key", signer.get("dev")), ("trusted", signer.get("trusted"))) if on
-    ]
-    if not signer.get("trusted"):
-        tags.append("UNTRUSTED")
-    return f"{str(signer.get('key_id'))[:12]} ({', '.join(tags)})"
-
-
 def signer_of(loaded: resume.Loaded) -> dict[str, Any] | None:
     """Who signed a verified artifact: key id, trust, dev key, where the key came from."""
-    from recovery.run import checked
-
     return checked.signer(loaded.manifest)
 
 

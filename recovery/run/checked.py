@@ -135,3 +135,15 @@ def signer(mf: Manifest) -> dict[str, Any] | None:
         return None
     dev = check.dev or bool((mf.recovery.get("signer") or {}).get("dev"))
     return {"key_id": check.key_id, "trusted": check.trusted, "dev": dev, "source": check.source}
+
+
+def signer_text(signer: dict[str, Any] | None) -> str:
+    """:func:`signer` in words: ``63f7f2ef1a2b (dev key, trusted)``."""
+    if not signer:
+        return "unsigned"
+    tags = [
+        t for t, on in (("dev key", signer.get("dev")), ("trusted", signer.get("trusted"))) if on
+    ]
+    if not signer.get("trusted"):
+        tags.append("UNTRUSTED")
+    return f"{str(signer.get('key_id'))[:12]} ({', '.join(tags)})"

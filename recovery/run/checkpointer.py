@@ -24,7 +24,7 @@ from typing import Any
 
 import yaml
 
-from recovery import faults
+from recovery import console, faults
 from recovery.config import CheckpointConfig, HealthConfig, SigningConfig
 from recovery.errors import CommitError, Preempted, PurposeError
 from recovery.format.layout import WARM_START_DIR, step_dir_name
@@ -112,6 +112,7 @@ class Checkpointer(Tiered):
         seed: int = 0,
         strategy: str = "ddp",
     ) -> None:
+        console.show()  # a script that set up no logging still hears its resume
         multirank.check_supported(
             world,
             async_save=cfg.async_save,

@@ -30,7 +30,7 @@ from recovery.parallel import world as distributed
 from recovery.parallel.world import World
 from recovery.provenance import capture as prov
 from recovery.provenance import lineage, purpose
-from recovery.run import history, resume
+from recovery.run import checked, history, resume
 from recovery.state import declared
 from recovery.state.registry import DROP_ENV, MODEL, TrainState
 
@@ -151,9 +151,7 @@ def resume_from(
     step = loaded.decoded.step
     rid = str(rec.get("run_id") or run_id)
     source = lineage.link(loaded.manifest, loaded.path, root)
-    log.info(
-        "resumed from %s at step %d: %s", loaded.path, step, declared.describe(restored, absent)
-    )
+    log.info("%s", announce(loaded, rid, step, declared.describe(restored, absent)))
     return Identity(
         run_id=rid,
         lineage=[
@@ -304,6 +302,27 @@ def choose(
             replaced,
         )
     return loaded, replaced, past
+
+
+def finished(step: int, final_step: int) -> str:
+    """What a rerun of a finished run says: nothing to train, and what to change."""
+    return (
+        f"the run is finished: it resumed at step {step}, its final step ({final_step}); "
+        "nothing to train. To train on, raise the final step (final_step=, or train.steps "
+        "for train.py) and resume"
+    )
+
+
+def announce(loaded: resume.Loaded, run_id: str, step: int, restored: str) -> str:
+    """The resume's line: which run, at which step, from which checkpoint of which tier,
+    what was verified and who signed it, what was restored."""
+    tier = loaded.manifest.recovery.get("tier", "persistent")
+    files = len(loaded.manifest.files) + (len(loaded.base.manifest.files) if loaded.base else 0)
+    return (
+        f"RESUMED run {run_id[:12]} at step {step} from {loaded.path} ({tier} tier; "
+        f"verified: signature and {files} file digests, signed by "
+        f"{checked.signer_text(checked.signer(loaded.manifest))}): {restored}"
+    )
 
 
 def resume_event(

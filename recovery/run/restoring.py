@@ -32,6 +32,7 @@ from recovery.provenance import purpose
 from recovery.provenance.purpose import PurposeSpec
 from recovery.run import branches, resume, rundir, selfcheck, tiers
 from recovery.run import restore as begin
+from recovery.run.cadence import Cadence
 from recovery.run.differential import Differential
 from recovery.run.journal import Journal
 from recovery.run.preemption import PreemptionGuard
@@ -75,6 +76,7 @@ class Restoring:
     _check: selfcheck.ResumeCheck | None = None
     """The self-check of this process's resume (:mod:`recovery.run.selfcheck`), if it resumed."""
     differential: Differential
+    cadence: Cadence
 
     def restore(
         self,
@@ -250,7 +252,14 @@ class Restoring:
                 rank=self.world.rank,
                 done=self._sign_check,
             )
-            self.journal.watch(self._check)
+            if self._check.done:  # the dead process journaled no step after the checkpoint
+                why = selfcheck.nothing_redone(ident.step, self.cadence.final_step)
+                self._event(selfcheck.skipped(ident.step, why))
+                self._check = None
+            else:
+                self.journal.watch(self._check)
+        if ident.step >= self.cadence.final_step and self.world.leader:
+            log.info("%s", begin.finished(ident.step, self.cadence.final_step))
         return ident.step
 
     def _sign_check(self, summary: dict[str, Any]) -> None:

@@ -305,6 +305,13 @@ class ResumeCheck:
             self._done(summary)
 
 
+def nothing_redone(resumed_at: int, final_step: int) -> str:
+    """Why a resume has no redone step to compare (the ``reason`` of :func:`skipped`)."""
+    if resumed_at >= final_step:
+        return "nothing to compare: the run had finished"
+    return "nothing to compare: no step was journaled after this checkpoint"
+
+
 def skipped(resumed_at: int, reason: str) -> dict[str, Any]:
     """The ``resume_check`` event of a resume that is not compared, and why."""
     log.info("resume check from step %d: not compared (%s)", resumed_at, reason)

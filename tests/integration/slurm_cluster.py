@@ -3,8 +3,9 @@
 Nothing system-wide is written: the munge key and socket, slurm.conf, the state, spool,
 log and pid files all live in one 0700 temp dir that the teardown removes, and every
 client command reaches this cluster through ``SLURM_CONF`` in :attr:`SlurmCluster.env`.
-Needs root and Debian's ``slurmctld slurmd slurm-client munge`` (``.ci/run`` installs
-them); without them the fixture fails in one line saying so (no test is ever skipped).
+Needs root and Debian's ``slurmctld slurmd slurm-client munge`` (``make test`` installs
+them where it can: ``tests/provision.sh``); without them the tests skip, and the run's
+closing lines say what to install (:mod:`tests.system`).
 """
 
 from __future__ import annotations
@@ -21,7 +22,7 @@ from collections.abc import Iterator
 from dataclasses import dataclass
 from pathlib import Path
 
-import pytest
+from tests import system
 
 SBIN = Path("/usr/sbin")
 DAEMONS = ("munged", "slurmctld", "slurmd")
@@ -276,23 +277,11 @@ def start(timeout: float = 30) -> SlurmCluster:
     return SlurmCluster(d, node, env, time.monotonic() - t0)
 
 
-def missing() -> str | None:
-    """Why a private SLURM cannot start here, or None."""
-    if os.geteuid() != 0:
-        return "the SLURM tests run as root (slurmd starts the jobs)"
-    absent = [d for d in DAEMONS if not (SBIN / d).exists()]
-    absent += [c for c in CLIENTS if not shutil.which(c)]
-    if absent:
-        return f"{', '.join(absent)} not installed: run .ci/run (apt-get installs SLURM and munge)"
-    return None
-
-
 @contextlib.contextmanager
 def running() -> Iterator[SlurmCluster]:
     """A started cluster, stopped and removed on leaving (a session fixture wraps it);
-    fails the test in one line when SLURM is not installed."""
-    if why := missing():
-        pytest.fail(why, pytrace=False)
+    skips the test in one line naming what to install when SLURM is not installed."""
+    system.require(system.SLURM)
     cluster = start()
     try:
         yield cluster

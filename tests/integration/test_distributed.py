@@ -87,7 +87,7 @@ def test_a_two_rank_job_killed_and_resumed_is_bit_identical(
             assert f"{rank}INEXACT RESUME at step 32 (resumed from step 30): loss" in inexact.output
     resumed = trainer(victim, f"dist.strategy={strategy}", "+resume=latest", nproc=2)
     assert resumed.returncode == 0, resumed.output
-    assert "resumed from" in resumed.output and "resharded" not in resumed.output
+    assert "RESUMED run" in resumed.output and "resharded" not in resumed.output
     checks = [r for r in read(victim / "r" / METRICS_FILE) if r.get("event") == "resume_check"]
     assert [(c["status"], c["identical"]) for c in checks] == [("exact", 5)]
     assert_same_job(reference, victim / "r", trust, ranks=2)
@@ -179,14 +179,14 @@ def test_a_rank_killed_mid_save_commits_nothing_and_the_job_resumes(job, trainer
         timeout=240,
     )
     assert killed.returncode != 0
-    assert "resumed from" in killed.output and "step-00000020" in killed.output
+    assert "RESUMED run" in killed.output and "step-00000020" in killed.output
     assert "removing" in killed.output and "never committed" in killed.output
     listing = scan(root / "r")
     assert [s for s, _ in listing.committed] == [10, 20, 30]  # step 40 never committed
     assert listing.stale, "the abandoned write stays as an unsigned temp directory"
     resumed = trainer(root, "+resume=latest", nproc=2)
     assert resumed.returncode == 0, resumed.output
-    assert "resumed from" in resumed.output and "step-00000030" in resumed.output
+    assert "RESUMED run" in resumed.output and "step-00000030" in resumed.output
     assert "removing" in resumed.output and "never committed" in resumed.output
     assert_same_job(reference, root / "r", trust, ranks=2)
 
@@ -211,7 +211,7 @@ def test_each_rank_verifies_the_shards_it_reads_and_a_damaged_one_falls_back(
     # found as DCP read it (the eager verification, which reads every byte, passed it)
     assert "RESUME FALLBACK: skipping" in resumed.output and "read by DCP" in resumed.output
     assert "__1_0.distcp" in resumed.output and "failed verification" not in resumed.output
-    assert "resumed from" in resumed.output and "step-00000060" in resumed.output
+    assert "RESUMED run" in resumed.output and "step-00000060" in resumed.output
     assert_same_job(reference, root / "r", trust, ranks=2)
 
 

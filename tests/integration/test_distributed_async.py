@@ -67,7 +67,7 @@ def test_a_rank_killed_during_its_background_save_commits_nothing_and_the_job_re
     if tier:
         assert back["tier"] == "local" and back["step"] >= 30, back
     else:
-        assert "resumed from" in resumed.output and "step-00000020" in resumed.output
+        assert "RESUMED run" in resumed.output and "step-00000020" in resumed.output
     assert "removing" in resumed.output and "never committed" in resumed.output
     assert not scan(root / "r").stale
     assert_same_job(reference, root / "r", trust, ranks=2)

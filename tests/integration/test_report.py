@@ -4,9 +4,9 @@ The own loop (tests/fixtures/own_loop.py) is SIGKILLed at a fault point and reru
 resumes; its report is opened from disk by Debian's ``chromium`` (no sandbox, no GPU, no
 background networking): the screenshot must not be blank and the page the browser built
 must name the checkpoint the run resumed from. Where no browser is installed the test
-skips and says why (``.ci/run`` installs it). The report of a 2-rank job resumed on one
-process (its world sizes, the resharded resume) is checked in test_distributed.py, on the
-run that test resumes.
+skips and says why (``make test`` installs it where it can). The report of a 2-rank job
+resumed on one process (its world sizes, the resharded resume) is checked in
+test_distributed.py, on the run that test resumes.
 """
 
 from __future__ import annotations
@@ -22,7 +22,7 @@ import pytest
 
 from recovery import cli
 from recovery.integrity.trust import KEY_ENV
-from tests import launcher
+from tests import launcher, system
 from tests.integration.conftest import run_killed_at
 
 pytestmark = pytest.mark.integration
@@ -30,7 +30,6 @@ import matplotlib  # noqa: E402,F401  (make test installs the plot extra: a miss
 
 ROOT = Path(__file__).resolve().parents[2]
 LOOP = ROOT / "tests" / "fixtures" / "own_loop.py"
-BROWSERS = ("chromium", "chromium-browser", "google-chrome")
 FLAGS = ["--headless", "--no-sandbox", "--disable-gpu", "--disable-background-networking"]
 
 
@@ -44,14 +43,8 @@ def own_loop(run_dir: Path, signer, *, pause_at: str | None = None) -> int:
 
 
 def browser() -> str:
-    found = next((shutil.which(b) for b in BROWSERS if shutil.which(b)), None)
-    if found is None:
-        pytest.skip(
-            "no headless Chromium here (looked for chromium, chromium-browser, google-chrome): "
-            "the report was built but not rendered; on Debian `apt-get install chromium` "
-            "(.ci/run installs it before make test)"
-        )
-    return found
+    system.require(system.CHROMIUM)  # else: the report was built but not rendered
+    return next(found for b in system.CHROMIUM.programs if (found := shutil.which(b)))
 
 
 def render(page: Path, shot: Path, size: str = "1400,2600") -> str:

@@ -251,5 +251,5 @@ def test_an_unreadable_file_in_the_newest_checkpoint_is_a_fallback(committed, da
     code, err = finish(resumed)
     assert code == 0, err[-3000:]
     assert "RESUME FALLBACK" in err and "cannot be read (Permission denied)" in err
-    assert f"resumed from {committed / 'r' / step_dir_name(70)}" in err
+    assert f"at step 70 from {committed / 'r' / step_dir_name(70)}" in err
     assert stat.S_IMODE((newest / "optimizer.safetensors").stat().st_mode) != 0  # re-saved

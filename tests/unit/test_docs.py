@@ -25,7 +25,7 @@ from markdown.extensions.toc import slugify
 
 from recovery import cli
 from recovery.errors import RecoveryError
-from tests import launcher
+from tests import launcher, system
 
 TOP = Path(__file__).resolve().parents[2]
 PAGES = [TOP / "README.md", *sorted((TOP / "docs").rglob("*.md"))]
@@ -138,8 +138,10 @@ PROGRAMS = {
     "openssl",
     "sha256sum",
     "pytest",
-    "sbatch",  # SLURM: installed by .ci/run for the tests of examples/slurm
+    "sbatch",  # SLURM: installed by make test for the tests of examples/slurm
 }
+NEEDED = {"sbatch": system.SLURM}
+"""Programs from system packages: where absent, their commands' checks skip (tests.system)."""
 
 
 def check_train_py(where: str, argv: list[str]) -> None:
@@ -202,6 +204,8 @@ def test_the_shell_commands_exist_as_written(where, argv):
         check_pip(where, argv)
     else:
         assert program in PROGRAMS, f"{where}: {program}: add it to the known programs"
+        if program in NEEDED:
+            system.require(NEEDED[program])
         path = os.pathsep.join([str(Path(sys.executable).parent), os.environ.get("PATH", "")])
         builtin = program == "echo"
         assert builtin or shutil.which(program, path=path), f"{where}: {program} not installed"

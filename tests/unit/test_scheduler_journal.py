@@ -79,9 +79,11 @@ def test_each_start_in_a_job_journals_its_restart_and_the_stop_before(
         ("time limit", "SIGUSR1"),
     ]
     assert history_lines(run_story(tmp_path / "run")) == [
-        "resumed at step 2 from step-00000002: not compared; "
+        "resumed at step 2 from step-00000002: not compared (nothing to compare: no step "
+        "was journaled after this checkpoint); "
         "SLURM job 77 restart 1 after killed (node failure or SIGKILL)",
-        "resumed at step 3 from step-00000003: not compared; "
+        "resumed at step 3 from step-00000003: not compared (nothing to compare: no step "
+        "was journaled after this checkpoint); "
         "SLURM job 77 restart 2 after time limit (SIGUSR1)",
     ]
     told = run_story(tmp_path / "run")  # what recovery report shows of it
