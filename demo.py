@@ -13,13 +13,15 @@ Runs real processes on the embedded defaults and narrates:
    inference artifact, ``recovery predict`` serves raw ids with it (one unknown),
    and ``recovery audit`` walks from the artifact back to the run's start.
 
-What it leaves, and where (``git status`` stays clean; a second demo starts over):
-scratch runs and inputs under ``.demo/``; the main run ``checkpoints/default`` (the run
-``dvc.yaml`` exports), which the demo only replaces if it made it; the data
-``data/interactions`` and the artifact ``artifacts/default``, the pipeline's outputs in
-DVC's cache; the dev signing key under ``.recovery/``. All of it is git-ignored: the
-demo's runs are not registered with DVC (``checkpoint.dvc.enabled=false``), so they
-leave no ``.dvc`` files to commit, and ``dvc.lock`` is restored as committed.
+What it leaves, and where (a second demo starts over): scratch runs and inputs under
+``.demo/``; the main run ``checkpoints/default`` (the run ``dvc.yaml`` exports), which
+the demo only replaces if it made it; the data ``data/interactions`` and the artifact
+``artifacts/default``, the pipeline's outputs in DVC's cache; the dev signing key under
+``.recovery/``. All of it is git-ignored: the demo's runs are not registered with DVC
+(``checkpoint.dvc.enabled=false``, which says where checkpoints are kept, not what run it
+is: a later resume with DVC on reports no drift), so they leave no ``.dvc`` files to
+commit. ``git status`` shows one change, ``dvc.lock``, where ``dvc repro`` recorded this
+machine's export, so that ``dvc status`` says the pipeline is up to date.
 
 ``RECOVERY_DEMO_STEPS=N`` (N >= 12; default 1200) runs the same steps and commands
 with N training steps, a checkpoint every N/6 and the kill after 3.5 checkpoints,
@@ -50,6 +52,7 @@ HERE = Path(__file__).resolve().parent
 DEMO = HERE / ".demo"
 MAIN = HERE / "checkpoints" / "default"
 MARKER = MAIN / ".made-by-demo"
+PLACEHOLDER = MAIN / "README.md"  # tracked: the export stage's dependency exists in a clone
 DEFAULT_STEPS = 1200
 STEPS_ENV = "RECOVERY_DEMO_STEPS"
 # the commands run this checkout's code (train.py's own directory is first on its
@@ -105,31 +108,28 @@ def train(*overrides: str, kill_at: int | None = None) -> int:
     return proc.wait()
 
 
+def rel(path: Path) -> str:
+    """``path`` as the user pastes it: relative to the project root, where the commands run."""
+    return os.path.relpath(path, HERE)
+
+
 def fresh_start() -> None:
-    if MAIN.exists() and not MARKER.exists():
+    held = [p for p in MAIN.iterdir() if p not in (PLACEHOLDER, MARKER)] if MAIN.exists() else []
+    if held and not MARKER.exists():
         raise SystemExit(
-            f"{MAIN} holds a run the demo did not make; move it away (or run the demo in a "
-            "fresh clone) so that it is not overwritten"
+            f"{rel(MAIN)} holds a run the demo did not make; move it away (or run the demo "
+            "in a fresh clone) so that it is not overwritten"
         )
-    shutil.rmtree(MAIN, ignore_errors=True)
+    for entry in held:  # the placeholder git keeps for dvc.yaml's export stage stays
+        shutil.rmtree(entry) if entry.is_dir() and not entry.is_symlink() else entry.unlink()
     shutil.rmtree(DEMO, ignore_errors=True)
     DEMO.mkdir()
-    MAIN.mkdir(parents=True)
+    MAIN.mkdir(parents=True, exist_ok=True)
     MARKER.touch()
 
 
 def main() -> int:
-    # `dvc repro` rewrites the tracked dvc.lock for this machine's checkpoints; the demo
-    # leaves the tracked tree as it found it (the lock is DVC bookkeeping, not code, and
-    # provenance does not count it as a change either)
-    lock = HERE / "dvc.lock"
-    committed = lock.read_bytes() if lock.exists() else None
-    try:
-        return demo()
-    finally:
-        if committed is not None and lock.read_bytes() != committed:
-            lock.write_bytes(committed)
-            print("dvc.lock restored as committed (`dvc repro` writes this machine's again)")
+    return demo()
 
 
 def demo() -> int:
@@ -140,7 +140,7 @@ def demo() -> int:
     # .dvc file is for git (DVC refuses a git-ignored one), and the demo's runs are not
     # yours to version
     off = "checkpoint.dvc.enabled=false"
-    scratch = [f"checkpoint.root={DEMO}", off, *size]
+    scratch = [f"checkpoint.root={rel(DEMO)}", off, *size]
 
     say("0. The data: the pipeline's prepare stage (its DVC hash is the dataset version)")
     if run("dvc", "repro", "prepare") != 0:
@@ -154,7 +154,7 @@ def demo() -> int:
     main_run = ["+resume=latest", off, *size]
     rc = train(*main_run, kill_at=kill_at)
     print(f"--> process ended by signal {-rc}; what survived on disk:", flush=True)
-    run("recovery", "ls", str(MAIN))
+    run("recovery", "ls", rel(MAIN))
 
     say("3. Requeued with the same command line: it resumes from the newest verified checkpoint")
     if train(*main_run) != 0:
@@ -186,10 +186,10 @@ def demo() -> int:
     print("verdict:                 " + ("BIT-IDENTICAL" if same else f"DIFFERENT at {diffs[:3]}"))
 
     say("5. The resumed run's checkpoints: hashes, signature, signer's trust, provenance")
-    run("recovery", "ls", str(MAIN))
+    run("recovery", "ls", rel(MAIN))
     newest = scan(MAIN).committed[-1][1]
-    rc = run("recovery", "verify", str(newest))
-    rc = rc or run("recovery", "audit", str(newest))
+    rc = run("recovery", "verify", rel(newest))
+    rc = rc or run("recovery", "audit", rel(newest))
 
     say("6. The same run with async saves at the auto (Young/Daly) interval: what it cost")
     if train(*scratch, "run.name=auto", "checkpoint.async=true", "checkpoint.interval=auto") != 0:
@@ -217,9 +217,12 @@ def demo() -> int:
         + json.dumps({"user_id": 1, "item_id": ids[0][1]})
         + "\n"
     )
-    rc = rc or run("recovery", "predict", str(artifact), "--input", str(requests))
-    rc = rc or run("recovery", "audit", str(artifact))
-    print(f"\ndemo finished in {time.time() - t0:.1f}s; the run is in {MAIN}, scratch in {DEMO}")
+    rc = rc or run("recovery", "predict", rel(artifact), "--input", rel(requests))
+    rc = rc or run("recovery", "audit", rel(artifact))
+    print(
+        f"\ndemo finished in {time.time() - t0:.1f}s; the run is in {rel(MAIN)}, scratch in "
+        f"{rel(DEMO)}; dvc.lock records this machine's export (`dvc status`: up to date)"
+    )
     print(
         "a run of your own registers each checkpoint with DVC (checkpoint.dvc.enabled, "
         "on by default): git add its .dvc files to version it"

@@ -211,11 +211,13 @@ def run(cfg: DictConfig) -> int:
         shutil.rmtree(out, ignore_errors=True)  # a failed artifact is never left for DVC to cache
         raise
     log.info(
-        "exported %s (step %d, %s) to %s; parity %s",
+        "exported %s (step %d, %s) to %s; parity: %s",
         source.path,
         source.decoded.step,
         ex.dtype,
         out,
-        result,
+        ", ".join(
+            f"{k} {v:.6g}" if isinstance(v, float) else f"{k} {v}" for k, v in result.items()
+        ),
     )
     return 0

@@ -23,6 +23,8 @@ def cmd_sync(args: argparse.Namespace) -> int:
             "project root)",
             path=run_dir,
         )
+    if why := tracking.git_ignored(root, run_dir):
+        raise errors.TrackingError(tracking.not_registered(run_dir, why), path=run_dir)
     state = tracking.status(run_dir)
     todo = [
         path
@@ -61,9 +63,14 @@ def cmd_sync(args: argparse.Namespace) -> int:
         + (f": {', '.join(left)}" if left else ""),
     )
     if left or not done:
+        causes = sorted({publisher.errors[p] for p in todo if p in publisher.errors})
+        cause = (
+            "; ".join(causes)
+            if causes
+            else f"DVC did not finish within {args.timeout:.0f} s (--timeout)"
+        )
         raise errors.TrackingError(
-            f"{run_dir}: {len(left)} checkpoint(s) still pending ({', '.join(left)}); "
-            "is the DVC repository locked or the remote unreachable?",
+            f"{run_dir}: {len(left)} checkpoint(s) still pending ({', '.join(left)}): {cause}",
             path=run_dir,
         )
     return 0

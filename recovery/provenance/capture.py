@@ -39,9 +39,16 @@ _SECRET = re.compile(
     r"private|auth|cookie|session)",
     re.IGNORECASE,
 )
-# Keys that say how a process was started or how strictly to load, not what run it is.
+# Keys that say how a process was started, how strictly to load or where its checkpoints
+# are also kept (DVC registration and push), not what run it is: a key or any key under it.
 VOLATILE_KEYS = frozenset(
-    {"resume", "init_from", "checkpoint.strict_resume", "signing.allow_untrusted"}
+    {
+        "resume",
+        "init_from",
+        "checkpoint.strict_resume",
+        "signing.allow_untrusted",
+        "checkpoint.dvc",
+    }
 )
 
 
@@ -391,7 +398,8 @@ def drift(
 
 
 def _volatile(key: str) -> bool:
-    return key in VOLATILE_KEYS or key.split(".")[0] in VOLATILE_KEYS
+    parts = key.split(".")
+    return any(".".join(parts[:n]) in VOLATILE_KEYS for n in range(1, len(parts) + 1))
 
 
 def _short(value: Any) -> str:

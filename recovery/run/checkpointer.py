@@ -178,6 +178,9 @@ class Checkpointer(Tiered):
         )
         """The local tier (``checkpoint.local``), or ``None``: :mod:`recovery.run.tiers`."""
         repo = tracking.find_repo(run_dir) if cfg.dvc.enabled and world.leader else None
+        if repo is not None and (why := tracking.git_ignored(repo, run_dir)):
+            log.warning("%s", tracking.not_registered(run_dir, why))  # once, not per checkpoint
+            repo = None
         self.publisher = (
             tracking.Publisher(repo, push=cfg.dvc.push, remote=cfg.dvc.remote) if repo else None
         )

@@ -226,6 +226,7 @@ def select(
             defer,
             exclude or {},
             local,
+            fresh=key == "+resume",
         )
     if isinstance(want, int):
         path = run_dir / step_dir_name(want)
@@ -264,7 +265,10 @@ def _latest(
     defer: Callable[[str], bool] | None,
     exclude: Mapping[Path, str],
     local: Sequence[tuple[int, Path]] | None = None,
+    *,
+    fresh: bool = True,
 ) -> Loaded | None:
+    # fresh: the caller starts a fresh run when nothing verifies (a resume); else it refuses
     skipped: list[tuple[Path, str]] = []
     foreign: list[ForeignCheckpointError] = []
     for candidate in tiers.order(candidates(run_dir), local or []):
@@ -314,9 +318,12 @@ def _latest(
     _rollback(past, 0, strict, path=run_dir)
     if skipped:
         log.warning(
-            "no checkpoint in %s verifies (%d damaged); starting fresh", run_dir, len(skipped)
+            "no checkpoint in %s verifies (%d damaged)%s",
+            run_dir,
+            len(skipped),
+            "; starting fresh" if fresh else "",
         )
-    else:
+    elif fresh:
         log.warning("resume=latest: no checkpoint in %s yet; starting a fresh run", run_dir)
     return None
 

@@ -27,6 +27,7 @@ import json
 import logging
 import os
 import queue
+import subprocess
 import threading
 import time
 import warnings
@@ -85,6 +86,36 @@ def find_repo(path: Path) -> Path | None:
     return None
 
 
+def git_ignored(root: Path, run_dir: Path) -> str | None:
+    """Why git ignores the ``.dvc`` files of ``run_dir``'s checkpoints (``file:line:
+    pattern``), or ``None``: DVC refuses to write a ``.dvc`` file that git ignores, so
+    such a run cannot be registered. ``None`` too where git is absent or ``root`` is no
+    git work tree (DVC then runs without git, and nothing is ignored)."""
+    probe = os.path.relpath(os.path.abspath(dvc_file(run_dir / "step-00000000")), root)
+    try:
+        done = subprocess.run(
+            ["git", "-C", str(root), "check-ignore", "-v", "--", probe],
+            capture_output=True,
+            text=True,
+            timeout=30,
+        )
+    except (OSError, subprocess.SubprocessError):
+        return None
+    if done.returncode != 0:  # 1: not ignored; 128: not a git work tree
+        return None
+    source = done.stdout.split("\t", 1)[0].strip()  # "<file>:<line>:<pattern>"
+    return source or "a git ignore rule"
+
+
+def not_registered(run_dir: Path, why: str) -> str:
+    """What a run whose ``.dvc`` files git ignores is told (:func:`git_ignored`)."""
+    return (
+        f"DVC: {run_dir} is not registered with DVC: git ignores its .dvc files ({why}), "
+        "and DVC refuses a .dvc file git ignores. Use a run directory git does not ignore "
+        "(checkpoint.root) to version its checkpoints, or set checkpoint.dvc.enabled=false"
+    )
+
+
 def dvc_file(ckpt: Path) -> Path:
     """``step-N.dvc`` beside the directory ``step-N``."""
     return ckpt.with_name(ckpt.name + ".dvc")
@@ -140,7 +171,7 @@ def register(root: Path, dirs: list[Path]) -> bool:
         log.info(
             "inside DVC stage %s: not adding %s (`recovery sync` registers it afterwards)",
             os.environ[STAGE_ENV],
-            dirs,
+            ", ".join(str(d) for d in dirs),
         )
         return False
     for d in dirs:
@@ -154,7 +185,8 @@ def register(root: Path, dirs: list[Path]) -> bool:
         except _lock_error():
             raise
         except Exception as err:
-            raise TrackingError(f"dvc add {dirs}: {err}", path=dirs[0] if dirs else None) from err
+            names = ", ".join(str(d) for d in dirs)
+            raise TrackingError(f"dvc add {names}: {err}", path=dirs[0] if dirs else None) from err
         finally:
             repo.close()
     return True
@@ -174,7 +206,8 @@ def push(root: Path, dirs: list[Path], *, remote: str | None = None) -> None:
             raise
         except Exception as err:
             raise TrackingError(
-                f"dvc push {dirs} to {remote or 'the default remote'}: {err}. Check the remote "
+                f"dvc push {', '.join(str(d) for d in dirs)} to {remote or 'the default remote'}: "
+                f"{err}. Check the remote "
                 "(`dvc remote list`) and its credentials; `recovery sync` retries.",
                 path=dirs[0] if dirs else None,
             ) from err
@@ -289,6 +322,8 @@ class Publisher:
         self._todo: queue.Queue[tuple[str, Path] | None] = queue.Queue()
         self._busy = 0
         self._cond = threading.Condition()
+        self.errors: dict[Path, str] = {}
+        """Why each checkpoint that failed to publish failed (its last error)."""
         self._thread = threading.Thread(target=self._run, name="recovery-dvc", daemon=True)
         self._thread.start()
 
@@ -315,6 +350,7 @@ class Publisher:
                 else:
                     self._publish(ckpt)
             except Exception as err:  # never let tracking take training down
+                self.errors[ckpt] = str(err)
                 log.warning("DVC tracking of %s failed: %s; `recovery sync` will retry", ckpt, err)
             finally:
                 with self._cond:

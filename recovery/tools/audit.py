@@ -237,6 +237,7 @@ def audit(
             no lineage to report. Any other damage, the target's included, is a ``failed``
             link in the report.
     """
+    given = root
     root = root or default_root(path)
     moved = abandoned_of(path)
     links: list[Link] = []
@@ -249,6 +250,8 @@ def audit(
         failed.error, failed.exception = str(err), err
         links.append(failed)
         return Report(str(path), links, [], moved)
+    if given is None:  # an exported artifact names the checkpoint root of its source
+        root = recorded_root(head.manifest.recovery, path) or root
     known: Index | None = None
     segments: list[dict[str, Any]] = list(head.manifest.recovery.get("lineage", []))
     links.append(_describe(head.manifest, path, "self"))
@@ -337,6 +340,17 @@ def _from_ref(relation: str, ref: dict[str, Any], status: str, **extra: Any) -> 
     return Link(
         relation, str(ref.get("name")), ref.get("step"), str(ref.get("sha256")), status, **fields
     )
+
+
+def recorded_root(rec: dict[str, Any], path: Path) -> Path | None:
+    """The checkpoint root an exported artifact's statement records (``export.root``,
+    relative to the artifact), when it is a directory; ``None`` otherwise (an older
+    export, a checkpoint, or a root moved away: the caller keeps its default)."""
+    relative = (rec.get("export") or {}).get("root")
+    if not isinstance(relative, str) or not relative or os.path.isabs(relative):
+        return None
+    where = Path(os.path.normpath(Path(os.path.abspath(path)) / relative))
+    return where if where.is_dir() else None
 
 
 def _retired(ref: dict[str, Any], root: Path, trust: TrustStore) -> int | None:

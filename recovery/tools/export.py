@@ -29,6 +29,7 @@ import io
 import json
 import math
 import numbers
+import os
 import zipfile
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
@@ -178,7 +179,13 @@ def write_artifact(
     meta = {
         "run_id": rec.get("run_id"),
         "metrics": source.decoded.meta.get("metrics", {}),
-        "export": {"format": EXPORT_FORMAT, "dtype": dtype, "source": link},
+        "export": {
+            "format": EXPORT_FORMAT,
+            "dtype": dtype,
+            "source": link,
+            # where the source's link is relative to, from the artifact: the audit's root
+            **({"root": os.path.relpath(root.absolute(), out.absolute())} if root else {}),
+        },
     }
     doc = {
         "format": 1,

@@ -13,6 +13,7 @@ import time
 from pathlib import Path
 
 import pytest
+import yaml
 from omegaconf import OmegaConf
 
 from recovery import faults
@@ -49,7 +50,7 @@ def project(tmp_path, signer):
         shutil.copytree(
             ROOT / name,
             proj / name,
-            ignore=shutil.ignore_patterns("__pycache__", "dvc.lock", "metrics.json"),
+            ignore=shutil.ignore_patterns("__pycache__", "metrics.json"),
         )
     env = {
         **os.environ,
@@ -144,6 +145,23 @@ def test_committed_params_are_the_composition_of_conf(tmp_path):
     assert OmegaConf.load(ROOT / "params.yaml") == OmegaConf.load(out), (
         "params.yaml is stale: regenerate it (README.md, DVC experiments)"
     )
+
+
+def test_the_committed_experiment_lock_is_the_baseline_so_dvc_status_is_clean():
+    """exp/dvc.lock records what the stage depends on as committed: params.yaml and the
+    prepared data (the hash dvc.lock records for the prepare stage's output), and the
+    stage's command: `dvc status` then lists no experiment stage until a param changes."""
+    lock = yaml.safe_load((ROOT / "exp" / "dvc.lock").read_text())["stages"]["train"]
+    stage = yaml.safe_load((ROOT / "exp" / "dvc.yaml").read_text())["stages"]["train"]
+    prepare = yaml.safe_load((ROOT / "dvc.lock").read_text())["stages"]["prepare"]
+    assert lock["cmd"] == stage["cmd"]
+    regenerate = "stale exp/dvc.lock: `dvc commit -f exp/dvc.yaml:train` (docs/experiments.md)"
+    assert lock["params"]["params.yaml"] == OmegaConf.to_container(
+        OmegaConf.load(ROOT / "params.yaml")
+    ), regenerate
+    data = {d["path"]: d["md5"] for d in lock["deps"]}
+    assert data == {o["path"]: o["md5"] for o in prepare["outs"]}, regenerate
+    assert "always_changed" not in stage and "outs" not in stage and "metrics" not in stage
 
 
 def test_the_stage_names_the_run_after_the_experiment_and_anchors_paths(tmp_path):
