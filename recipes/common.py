@@ -24,6 +24,7 @@ import torch
 from omegaconf import DictConfig, OmegaConf
 from tqdm import tqdm
 
+from recipes import schedule
 from recipes.naming import hydra_overrides, named
 from recipes.naming import sweep_job_name as sweep_job_name  # recipes.run cleans its logs
 from recovery import faults
@@ -275,6 +276,15 @@ def train(
         init_from=OmegaConf.select(cfg, "init_from", default=None),
     )
     ignored(ckpt, journal, fixed_on_resume)
+    if world.leader and (
+        note := schedule.change(
+            ckpt.identity.drift,
+            state.components.get("scheduler"),
+            state.components.get("optimizer"),
+            step,
+        )
+    ):
+        log.warning("%s", note)
     log.info("run %s: step %d of %d, %d examples", run_dir, step, steps.steps, examples)
     # a progress bar on a terminal; plain log lines (below) everywhere else
     bar = tqdm(

@@ -11,7 +11,7 @@ from the composed config itself, the key or option that was probably meant.
 from __future__ import annotations
 
 import tempfile
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from pathlib import Path
 from typing import Any
 
@@ -58,7 +58,13 @@ MAX_SWEEP_COMPOSES = 32
 other keys at their first value); a larger sweep is checked that far, the rest by Hydra."""
 
 
-def preflight(script: str, argv: Sequence[str], conf: Path) -> None:
+def preflight(
+    script: str,
+    argv: Sequence[str],
+    conf: Path,
+    *,
+    validate: Callable[[Any], None] | None = None,
+) -> None:
     """Check a ``@hydra.main`` script's arguments (``argv``, without the script) before
     Hydra sees them, reading them as Hydra does: its own argument parser (``-m``,
     ``--cfg job``, ``-c``, ``-p``, ``--info``, ``--resolve``...) and its own override
@@ -70,6 +76,10 @@ def preflight(script: str, argv: Sequence[str], conf: Path) -> None:
     ``hydra.*`` overrides and a sweep Hydra alone can expand (``glob`` over a group)
     are left to Hydra; a command line that picks another config (``--config-name``…),
     or asks for help or a version, is not checked at all.
+
+    Under ``-m``, ``validate`` (the script's own check of every value, e.g.
+    :func:`recipes.validate`) runs on each composed job's config, without ``hydra``, so
+    ``-m seed=0,abc`` is refused before job 0 trains; a single run validates as it starts.
 
     It also checks that the directory Hydra will create for the job's log
     (``hydra.run.dir``, ``hydra.sweep.dir`` under ``-m``) can be created, so a read-only
@@ -96,9 +106,18 @@ def preflight(script: str, argv: Sequence[str], conf: Path) -> None:
     jobs = _job_overrides(script, list(args.overrides))
     multirun = args.multirun or "hydra.mode=MULTIRUN" in args.overrides
     cfg = None
+    from omegaconf import OmegaConf
+
     for overrides in jobs:
         cfg = compose(script, overrides, conf=conf, hydra=True)
-    from omegaconf import OmegaConf
+        if multirun and validate is not None:
+            try:
+                validate(OmegaConf.masked_copy(cfg, [k for k in cfg if k != "hydra"]))
+            except errors.ConfigError as err:
+                swept = " ".join(o for o in overrides if o not in args.overrides)
+                raise errors.ConfigError(
+                    f"{script} -m: the job {swept or ' '.join(overrides)}: {err}"
+                ) from None
 
     key = "hydra.sweep.dir" if multirun else "hydra.run.dir"
     inspecting = args.cfg or args.info  # Hydra prints and writes nothing

@@ -21,7 +21,7 @@ from recovery.parallel import rankstate, sharded
 from recovery.parallel import world as distributed
 from recovery.parallel.world import World
 from recovery.state import rng
-from recovery.state.registry import MODEL, OPTIMIZER, RNG, TrainState
+from recovery.state.registry import MODEL, OPTIMIZER, RNG, TrainState, does_not_fit
 from recovery.state.snapshot import Decoded
 
 log = logging.getLogger(__name__)
@@ -100,8 +100,7 @@ def load_state(
         problems += [f"rank {world.rank} {line}" for line in rng.validate(own.get(RNG))]
     if problems:
         raise IncompatibleStateError(
-            f"{path} does not fit this run ({len(problems)} mismatches):\n  "
-            + "\n  ".join(problems),
+            does_not_fit(path, problems),
             mismatches=problems,
             path=path,
         )

@@ -188,12 +188,28 @@ class Ending(Scheduled):
         sys.excepthook = hook
 
 
+def one_line(message: str) -> str:
+    """A message of several lines as one: an indented line is an item of the list the line
+    before it opened (``...:``), joined with ``; ``; another line is a sentence of its own."""
+    out = ""
+    for raw in message.splitlines():
+        line = raw.strip()
+        if not line:
+            continue
+        if not out:
+            out = line
+        elif raw[:1].isspace():
+            out += (" " if out.endswith(":") else "; ") + line
+        else:
+            out += (" " if out.endswith((".", ":")) else ". ") + line
+    return out
+
+
 def _one_line(err: RecoveryError) -> int:
     """Log ``err`` as the CLI prints it (one line) and return its exit code."""
     code = exit_code(err)
     if isinstance(err, Preempted):
         log.warning("%s", err)
     else:
-        first = str(err).splitlines()[0] if str(err) else type(err).__name__
-        log.error("error: %s (exit %d)", first, code)
+        log.error("error: %s (exit %d)", one_line(str(err)) or type(err).__name__, code)
     return code

@@ -32,7 +32,7 @@ from recovery.provenance import capture as prov
 from recovery.provenance import lineage, purpose
 from recovery.run import checked, history, resume
 from recovery.state import declared
-from recovery.state.registry import DROP_ENV, MODEL, TrainState
+from recovery.state.registry import DROP_ENV, MODEL, TrainState, does_not_fit
 
 log = logging.getLogger(__name__)
 
@@ -136,7 +136,7 @@ def resume_from(
     if world.distributed or DISTRIBUTED in meta or RANK_SNAPSHOT in meta:
         if problems := state.absence_mismatches(absent, loaded.components):
             raise IncompatibleStateError(
-                f"{loaded.path} does not fit this run:\n  " + "\n  ".join(problems),
+                does_not_fit(loaded.path, problems),
                 mismatches=problems,
                 path=loaded.path,
             )

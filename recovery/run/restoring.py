@@ -251,6 +251,7 @@ class Restoring:
                 journal=self.journal,
                 rank=self.world.rank,
                 done=self._sign_check,
+                drift=ident.drift,
             )
             if self._check.done:  # the dead process journaled no step after the checkpoint
                 why = selfcheck.nothing_redone(ident.step, self.cadence.final_step)

@@ -33,7 +33,7 @@ from __future__ import annotations
 
 import logging
 import math
-from collections.abc import Callable, Mapping
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
 
@@ -84,9 +84,13 @@ class Difference:
     found: Any
     """What the resumed run recorded."""
 
-    def describe(self, resumed_at: int) -> str:
-        """The one-line warning."""
+    def describe(self, resumed_at: int, drift: Sequence[str] = ()) -> str:
+        """The one-line warning; ``drift``: what this resume reported as changed since the
+        checkpoint (its DRIFT lines), named as the likely cause before the loop is."""
         causes = {BATCH: CAUSES_DATA, "lr": CAUSES_LR}.get(self.field, CAUSES_STATE)
+        if drift:
+            shown = "; ".join(drift[:3]) + ("; ..." if len(drift) > 3 else "")
+            causes = f"what changed since the checkpoint (DRIFT: {shown}). Otherwise: {causes}"
         return (
             f"INEXACT RESUME at step {self.step} (resumed from step {resumed_at}): "
             f"{self.field} was {_show(self.expected)} in the run that died, "
@@ -163,6 +167,7 @@ class ResumeCheck:
         rank: this process's rank, named in its log lines under torchrun.
         done: called with the summary once it is written (the checkpointer signs it
             into the run's lineage: :func:`signed`).
+        drift: the resume's DRIFT lines: a difference names them as its likely cause.
     """
 
     def __init__(
@@ -174,8 +179,10 @@ class ResumeCheck:
         journal: Journal,
         rank: int = 0,
         done: Callable[[dict[str, Any]], None] | None = None,
+        drift: Sequence[str] = (),
     ) -> None:
         self.expected = {s: r for s, r in expected.items() if s > resumed_at}
+        self.drift = list(drift)
         self.resumed_at = resumed_at
         self.cfg = cfg
         self.journal = journal
@@ -217,7 +224,7 @@ class ResumeCheck:
         if self.first is not None:
             return
         self.first = Difference(step, *diff)
-        message = self._prefix() + self.first.describe(self.resumed_at)
+        message = self._prefix() + self.first.describe(self.resumed_at, self.drift)
         log.warning("%s", message)
         self.journal.write(
             {

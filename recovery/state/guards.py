@@ -18,8 +18,9 @@ Guarded here:
   ``optimizer.step`` and marks the wrapper ``_wrapped_by_lr_sched``) that is not
   registered: the resume would restart its schedule; and a registered
   scheduler driving an optimizer that is not registered;
-- an optimizer that updates none of the registered model's parameters (its
-  moments would be restored onto parameters the model does not have).
+- an optimizer that updates none of the registered modules' parameters (its
+  moments would be restored onto parameters no model has); a second model
+  registered beside its own optimizer (a GAN's) is as documented.
 
 A scheduler stepped after the save (an epoch-end ``scheduler.step()`` after
 ``maybe_save``) can only be seen while the run trains:
@@ -171,17 +172,19 @@ def _schedules(components: Mapping[str, Any], absent: Mapping[str, str]) -> list
 
 
 def _optimizer_over_model(components: Mapping[str, Any]) -> list[Caution]:
-    model = components.get("model")
-    if not isinstance(model, torch.nn.Module):
+    # every registered module counts: a second model registered beside its own optimizer
+    # (a GAN's netD and optimizerD) is as documented, not a foreign optimizer
+    modules = [m for m in components.values() if isinstance(m, torch.nn.Module)]
+    if not isinstance(components.get("model"), torch.nn.Module):
         return []
-    params = {id(p) for p in model.parameters()}
+    params = {id(p) for m in modules for p in m.parameters()}
     return [
         Caution(
             FOREIGN_OPTIMIZER,
             name,
-            f"optimizer {name!r} updates none of the registered model's parameters (was it "
+            f"optimizer {name!r} updates none of the registered models' parameters (was it "
             "built for another model, or before the model was replaced?): its restored "
-            "state would not belong to the model that trains",
+            "state would not belong to a model that trains",
         )
         for name, opt in components.items()
         if isinstance(opt, torch.optim.Optimizer)

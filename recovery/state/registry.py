@@ -218,9 +218,8 @@ class TrainState:
         problems = self.mismatches(tree, only, absent=absent)
         if problems:
             raise IncompatibleStateError(
-                f"{source} does not fit this run ({len(problems)} mismatches):\n  "
-                + "\n  ".join(problems)
-                + "\nResume it with the model and config that wrote it, or start a new run.",
+                does_not_fit(source, problems)
+                + ". Resume it with the model and config that wrote it, or start a new run.",
                 mismatches=problems,
                 path=source if source != "checkpoint" else None,
             )
@@ -264,3 +263,10 @@ def _checked(name: str, obj: Any) -> Any:
             "state_dict/load_state_dict; wrap it or leave it out"
         )
     return obj
+
+
+def does_not_fit(source: object, problems: list[str]) -> str:
+    """``<source> does not fit this run (N mismatches): a; b; c``: one line that names every
+    mismatch (a one-line error shows them all; an own loop prints only the first line)."""
+    count = f"{len(problems)} mismatch" + ("" if len(problems) == 1 else "es")
+    return f"{source} does not fit this run ({count}): " + "; ".join(problems)

@@ -139,6 +139,7 @@ PROGRAMS = {
     "sha256sum",
     "pytest",
     "sbatch",  # SLURM: installed by make test for the tests of examples/slurm
+    "source",  # the shell's: `source .venv/bin/activate`, the venv make creates
 }
 NEEDED = {"sbatch": system.SLURM}
 """Programs from system packages: where absent, their commands' checks skip (tests.system)."""
@@ -207,7 +208,9 @@ def test_the_shell_commands_exist_as_written(where, argv):
         if program in NEEDED:
             system.require(NEEDED[program])
         path = os.pathsep.join([str(Path(sys.executable).parent), os.environ.get("PATH", "")])
-        builtin = program == "echo"
+        builtin = program in ("echo", "source")
+        if program == "source":
+            assert argv[1:] == [".venv/bin/activate"], f"{where}: source what? {argv}"
         assert builtin or shutil.which(program, path=path), f"{where}: {program} not installed"
 
 

@@ -119,6 +119,19 @@ def test_a_scheduler_or_optimizer_of_something_else_warns():
     assert kinds(state) == [(guards.FOREIGN_OPTIMIZER, "optimizer")]
 
 
+def test_a_second_model_registered_with_its_own_optimizer_is_no_foreign_optimizer():
+    # dcgan's way: netG as the model with optimizerG, netD beside it with optimizerD
+    net_g, net_d = torch.nn.Linear(2, 2), torch.nn.Linear(2, 1)
+    opt_g = torch.optim.Adam(net_g.parameters())
+    opt_d = torch.optim.Adam(net_d.parameters())
+    absent = {"scheduler": "a constant learning rate"}
+    state = TrainState(model=net_g, optimizer=opt_g, netD=net_d, optimizerD=opt_d, absent=absent)
+    assert kinds(state) == []
+    stray = torch.optim.SGD(torch.nn.Linear(2, 1).parameters(), lr=0.1)
+    state = TrainState(model=net_g, optimizer=opt_g, netD=net_d, opt3=stray, absent=absent)
+    assert kinds(state) == [(guards.FOREIGN_OPTIMIZER, "opt3")]
+
+
 def test_a_generator_is_registered_as_its_stream():
     g = torch.Generator().manual_seed(3)
     state = TrainState(batch_rng=g)

@@ -113,3 +113,13 @@ def test_every_form_of_hydras_command_line_passes_the_preflight(argv):
 def test_a_bad_sweep_is_one_line_before_any_job(argv, says):
     with pytest.raises(errors.ConfigError, match=re.escape(says)):
         preflight("train.py", argv, CONF)
+
+
+def test_a_sweeps_every_value_is_validated_before_its_first_job():
+    from recipes import validate
+
+    with pytest.raises(errors.ConfigError, match=re.escape("train.py -m: the job seed=abc: seed")):
+        preflight("train.py", ["-m", "seed=0,abc"], CONF, validate=validate)
+    preflight("train.py", ["-m", "seed=0,1"], CONF, validate=validate)
+    # a single run validates as it starts: the preflight composes and checks keys alone
+    preflight("train.py", ["seed=abc"], CONF, validate=validate)

@@ -188,3 +188,36 @@ def test_the_report_shows_each_resumes_self_check():
         "INEXACT at step 2 (loss); 0 of 2 identical",
         "1 of 1 redone steps bit-identical",
     ]
+
+
+@pytest.mark.parametrize(
+    ("field", "drift", "likely"),
+    [
+        ("lr", [], "Likely: the learning rate differs: a scheduler stepped after the save"),
+        (
+            "lr",
+            ["config: train.steps: 200 -> 400"],
+            "Likely: what changed since the checkpoint (DRIFT: config: train.steps: 200 -> "
+            "400). Otherwise: the learning rate differs",
+        ),
+        (
+            "loss",
+            ["a", "b", "c", "d"],
+            "Likely: what changed since the checkpoint (DRIFT: a; b; c; ...). Otherwise: loop",
+        ),
+    ],
+)
+def test_a_difference_names_the_drift_it_knows_before_the_loop(field, drift, likely):
+    line = selfcheck.Difference(7, field, 0.1, 0.2).describe(5, drift)
+    assert line.startswith("INEXACT RESUME at step 7 (resumed from step 5)") and likely in line
+
+
+@pytest.mark.parametrize(
+    ("resumed_at", "final", "reason"),
+    [
+        (40, 40, "nothing to compare: the run had finished"),
+        (20, 40, "nothing to compare: no step was journaled after this checkpoint"),
+    ],
+)
+def test_why_a_resume_has_nothing_to_compare(resumed_at, final, reason):
+    assert selfcheck.nothing_redone(resumed_at, final) == reason
