@@ -222,6 +222,7 @@ COST_PER_TEST = {
     "integration/test_import.py": 6,
     "integration/test_run_dir_attacks.py": 6,
     "integration/test_report.py": 5,
+    "integration/test_docs_site.py": 12,
     "unit/test_layers.py": 4,
     "unit/test_async.py": 4,
     "integration/test_resume_check.py": 3,
