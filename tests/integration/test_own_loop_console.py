@@ -89,3 +89,31 @@ def test_under_the_applications_logging_config_the_package_adds_nothing(tmp_path
     # basicConfig's format and level (WARNING) alone: every line is one of its records
     for line in err.splitlines():
         assert re.match(r"(WARNING|ERROR|CRITICAL):recovery\.", line), err
+
+
+def test_a_run_dir_git_ignores_is_not_registered_and_says_so_once(tmp_path, signer):
+    # the README's loop in a git + DVC project whose .gitignore holds /runs/, as this one's
+    env = {**os.environ, KEY_ENV: str(signer.path), "DVC_NO_ANALYTICS": "1"}
+    bin_dir = str(Path(sys.executable).parent)
+    env["PATH"] = os.pathsep.join([bin_dir, env["PATH"]])
+    for cmd in (["git", "init", "-q"], ["dvc", "init", "-q"]):
+        subprocess.run(cmd, cwd=tmp_path, env=env, check=True, capture_output=True)
+    (tmp_path / ".gitignore").write_text("/runs/\n")
+    (tmp_path / "loop.py").write_text(LOOP.group(1))
+    done = run(tmp_path / "loop.py", signer)
+    assert done.returncode == 0, done.stderr
+    notice = (
+        "DVC: runs/quickstart is not registered with DVC: git ignores its .dvc files "
+        "(.gitignore:1:/runs/), and DVC refuses a .dvc file git ignores."
+    )
+    assert done.stderr.count(notice) == 1, done.stderr
+    assert "failed" not in done.stderr and "PosixPath" not in done.stderr, done.stderr
+    sync = subprocess.run(
+        ["recovery", "sync", "runs/quickstart"],
+        cwd=tmp_path,
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=120,
+    )
+    assert sync.returncode == 21 and sync.stderr.startswith(f"error: {notice}"), sync.stderr
