@@ -76,10 +76,13 @@ def configure(params: Path, env: dict[str, str]) -> DictConfig:
         raise ConfigError(f"{params}: not a composed config of conf/ (no checkpoint.root)")
     name = env.get(NAME_ENV) or str(OmegaConf.select(cfg, "run.name", default="default"))
     base = Path(env.get(ROOT_ENV) or Path.cwd())
+    # in the workspace itself relative paths stay relative (what the user wrote is what
+    # the messages show); only a temp copy's would vanish with it
+    anchor = base.resolve() != Path.cwd().resolve()
     with open_dict(cfg):
         for key in ANCHORED:
             value = OmegaConf.select(cfg, key, default=None)
-            if value is not None and not Path(str(value)).is_absolute():
+            if anchor and value is not None and not Path(str(value)).is_absolute():
                 OmegaConf.update(cfg, key, str(base / str(value)))
         cfg.checkpoint.root = str(Path(str(cfg.checkpoint.root)) / SUBDIR)
         cfg.run.name = name

@@ -176,6 +176,9 @@ def test_the_stage_names_the_run_after_the_experiment_and_anchors_paths(tmp_path
     assert cfg.checkpoint.root == "/repo/checkpoints/exp"
     assert cfg.signing.trusted == "/repo/.recovery/trusted"
     assert experiment.configure(params, {}).run.name == "default"  # `dvc repro` outside exp
+    # in the workspace itself (DVC_ROOT is the working directory) paths stay as written
+    here = experiment.configure(params, {"DVC_EXP_NAME": "a", "DVC_ROOT": str(Path.cwd())})
+    assert here.checkpoint.root == "checkpoints/exp" and here.signing.trusted == ".recovery/trusted"
 
 
 def test_a_missing_or_foreign_params_file_is_one_line(tmp_path, capsys):
