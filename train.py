@@ -2,6 +2,10 @@
 
 ``+resume=latest|<step>|<path>`` continues a run exactly; see README.md. Under
 ``torchrun`` each rank runs this same script.
+
+Torch is imported only once the start cannot be refused from the config and a directory
+listing alone (:func:`recipes.check_start`): such a refusal answers in a fraction of the
+seconds that import takes.
 """
 
 from __future__ import annotations
@@ -16,11 +20,16 @@ from omegaconf import DictConfig
 import recipes
 from recovery.cli import preflight, report
 from recovery.errors import RecoveryError
-from recovery.parallel import world as distributed
 
 
 @hydra.main(config_path="conf", config_name="config", version_base=None)
 def main(cfg: DictConfig) -> None:
+    try:
+        recipes.check_start(cfg)
+    except RecoveryError as err:  # no process group joined yet, even under torchrun
+        sys.exit(report(err))
+    from recovery.parallel import world as distributed  # imports torch
+
     try:
         code = recipes.run(cfg)
     except RecoveryError as err:
@@ -38,7 +47,9 @@ def main(cfg: DictConfig) -> None:
 
 if __name__ == "__main__":
     try:  # a typo'd key or group option: one line and exit 12, not Hydra's page and exit 1
-        preflight("train.py", sys.argv[1:], Path(__file__).resolve().parent / "conf")
+        # under -m every job's values are validated too, before the first job trains
+        conf = Path(__file__).resolve().parent / "conf"
+        preflight("train.py", sys.argv[1:], conf, validate=recipes.validate)
     except RecoveryError as err:
         sys.exit(report(err))
     main()

@@ -1,18 +1,22 @@
 """Training recipes: model + data + loop, each built from ``recovery`` parts.
 
-``run(cfg)`` dispatches on ``cfg.recipe.name``; ``train.py`` only calls it.
+``run(cfg)`` dispatches on ``cfg.recipe.name``; ``train.py`` calls it, after
+``check_start(cfg)``: what can refuse a start before torch is imported.
 """
 
 from __future__ import annotations
 
 import contextlib
 import logging
+import os
 from collections.abc import Callable
 from pathlib import Path
+from typing import Any
 
-from omegaconf import DictConfig
+from omegaconf import DictConfig, OmegaConf
 
 from recovery.config import (
+    THREADS_AUTO,
     CheckpointConfig,
     DistConfig,
     DrillConfig,
@@ -20,10 +24,16 @@ from recovery.config import (
     RunConfig,
     SigningConfig,
     TrainConfig,
+    available_cpus,
+    intra_op_threads,
     typed,
 )
-from recovery.errors import ConfigError, RecoveryError, StorageError
+from recovery.config.groups import OMP_ENV
+from recovery.errors import ConfigError, RecoveryError, RunDirInUseError, StorageError
+from recovery.format.layout import scan
 from recovery.run.trackers.config import TrackersConfig
+
+log = logging.getLogger(__name__)
 
 LOGS_DIR = ".hydra"
 """``<checkpoint.root>/.hydra/<run.name>/...``: Hydra's job logs (``hydra.run.dir`` and
@@ -88,11 +98,17 @@ def validate(cfg: DictConfig) -> None:
     Raises:
         ConfigError: naming the first bad key, the value and a valid one.
     """
-    from omegaconf import OmegaConf
-
     from recipes.export import ExportConfig
+
+    _validate_top(cfg)
+    typed(_recipe_schema(str(cfg.recipe.name)), cfg.recipe, key="recipe")
+    _validate_groups(cfg)
+    typed(ExportConfig, OmegaConf.select(cfg, "export", default=None), key="export")
+
+
+def _validate_top(cfg: DictConfig) -> None:
+    """The added keys, ``seed``, ``+resume``/``+init_from`` and the recipe's name."""
     from recovery.config import check_seed, did_you_mean, refuse
-    from recovery.provenance.purpose import PurposeSpec
     from recovery.run.resume import parse_spec
 
     for top in map(str, cfg):  # a project may add its own keys (+db.password=...)
@@ -110,7 +126,13 @@ def validate(cfg: DictConfig) -> None:
         raise refuse(
             "recipe", f"unknown recipe {name!r}; choose one of {sorted(RECIPES)}", "embedding"
         )
-    typed(_recipe_schema(name), cfg.recipe, key="recipe")
+
+
+def _validate_groups(cfg: DictConfig) -> None:
+    """``purposes.*`` and every group of :data:`GROUPS` (none of them needs torch)."""
+    from recovery.config import refuse
+    from recovery.provenance.purpose import PurposeSpec
+
     for purpose, node in (OmegaConf.select(cfg, "purposes", default=None) or {}).items():
         spec = typed(PurposeSpec, node, key=f"purposes.{purpose}")
         if spec.name != purpose:
@@ -119,18 +141,117 @@ def validate(cfg: DictConfig) -> None:
                 f"must name its own purpose {purpose!r}, got {spec.name!r}",
                 purpose,
             )
-    for key, schema in {**GROUPS, "export": ExportConfig}.items():
+    for key, schema in GROUPS.items():
         typed(schema, OmegaConf.select(cfg, key, default=None), key=key)
 
 
+def check_start(cfg: DictConfig) -> None:
+    """What can refuse this start from the config and a directory listing alone, answered
+    before torch is imported (which takes seconds, more on a busy machine): ``train.py``
+    calls it before :func:`run`.
+
+    Checks every value :func:`validate` checks but the recipe's and ``export``'s (their
+    schemas live beside their torch code; :func:`run` checks them next), then refuses a
+    fresh or warm-started run (no ``+resume=``) pointed at a run directory that already
+    holds checkpoints, with the message and exit code (13) of the run's own check
+    (``recovery.run.rundir.refuse_reuse``), which still runs after the run takes the
+    directory's lock. A directory that cannot be listed is left to that check. A refused
+    start leaves nothing behind that it made, as :func:`run`.
+
+    Raises:
+        ConfigError: a bad value (exit 12).
+        RunDirInUseError: the run directory holds committed checkpoints (exit 13).
+    """
+    try:
+        _validate_top(cfg)
+        _validate_groups(cfg)
+        if OmegaConf.select(cfg, "resume", default=None) is None:
+            _refuse_reuse(cfg)
+    except Exception:
+        _discard_job_dir(cfg)
+        raise
+
+
+def _refuse_reuse(cfg: DictConfig) -> None:
+    """``recovery.run.rundir.refuse_reuse`` of the run directory, from a listing alone (that
+    module imports torch). Its message, word for word: a test holds the two together."""
+    from recipes.naming import run_dir as planned_run_dir
+
+    ck = typed(CheckpointConfig, cfg.checkpoint, key="checkpoint")
+    run_dir = planned_run_dir(cfg, typed(RunConfig, cfg.run, key="run"), ck)
+    try:
+        committed = scan(run_dir).committed
+    except OSError:  # unreadable: the run's own check says why, after it takes the lock
+        return
+    if committed:
+        raise RunDirInUseError(
+            f"{run_dir}: already holds checkpoints up to step {committed[-1][0]}. "
+            "Pass +resume=latest to continue that run, or choose another run.name= "
+            "(or checkpoint.root=) for a new one.",
+            path=run_dir,
+        )
+
+
+def _parameters(cfg: DictConfig) -> int:
+    """The parameter count of the recipe's model, built on the meta device: no memory, no
+    kernel, no random draw (the seeded streams are untouched)."""
+    import torch
+
+    name = str(cfg.recipe.name)
+    rc: Any = typed(_recipe_schema(name), cfg.recipe, key="recipe")
+    with torch.device("meta"):
+        if name == "classifier":
+            from recipes.classifier import CNN
+
+            model: torch.nn.Module = CNN(rc.dropout)
+        else:
+            from recipes.embedding import DotProduct
+
+            model = DotProduct(
+                rc.data.num_users,
+                rc.data.num_items,
+                rc.model.dim,
+                rc.model.dropout,
+                sparse=rc.optim.sparse,
+            )
+    return sum(p.numel() for p in model.parameters())
+
+
+def set_threads(cfg: DictConfig) -> int:
+    """Set torch's intra-op and inter-op thread counts as ``train.threads`` says
+    (:func:`recovery.config.intra_op_threads`), before the recipe's first torch op;
+    return the intra-op count torch then uses.
+
+    Under ``auto`` with ``OMP_NUM_THREADS`` set, torch's count (which it read from that)
+    is left as it is. The inter-op count can be set once per process, before any inter-op
+    work: a second run in the same process keeps the first's.
+    """
+    import torch
+
+    setting = typed(TrainConfig, cfg.train, key="train").threads
+    cpus, params = available_cpus(), _parameters(cfg)
+    count = intra_op_threads(setting, os.environ.get(OMP_ENV), cpus, params)
+    if count is None:
+        log.info("torch threads: %d (%s)", torch.get_num_threads(), OMP_ENV)
+        return torch.get_num_threads()
+    torch.set_num_threads(count)
+    with contextlib.suppress(RuntimeError):  # already set, or inter-op work has started
+        torch.set_num_interop_threads(count)
+    why = f": {params} parameters, {cpus} cores" if setting == THREADS_AUTO else ""
+    log.info("torch threads: %d (train.threads=%s%s)", count, setting, why)
+    return count
+
+
 def run(cfg: DictConfig) -> int:
-    """Validate the config, run the recipe named by ``cfg.recipe.name``; return the exit code.
+    """Validate the config, set torch's thread count (:func:`set_threads`), run the recipe
+    named by ``cfg.recipe.name``; return the exit code.
 
     A run that fails before it wrote anything (a bad value, an unreadable key)
     leaves nothing behind: not even the log directory Hydra made for it.
     """
     try:
         validate(cfg)
+        set_threads(cfg)
         return RECIPES[str(cfg.recipe.name)](cfg)
     except OSError as err:
         _discard_job_dir(cfg)
@@ -156,9 +277,8 @@ def _discard_job_dir(cfg: DictConfig) -> None:
     import shutil
 
     from hydra.core.hydra_config import HydraConfig
-    from omegaconf import OmegaConf
 
-    from recipes.common import sweep_job_name
+    from recipes.naming import sweep_job_name
 
     if not HydraConfig.initialized():
         return

@@ -12,6 +12,7 @@ import dataclasses
 import hashlib
 import logging
 import os
+from pathlib import Path
 
 from omegaconf import DictConfig, OmegaConf, open_dict
 
@@ -84,17 +85,37 @@ def sweep_job_name(name: str, cfg: DictConfig | None = None) -> str:
     return f"{name}.sweep/{job}"
 
 
+def _job_name(run_cfg: RunConfig, ck: CheckpointConfig) -> tuple[scheduler.Job | None, str, bool]:
+    """The SLURM job (if any), the run's name as :func:`named` decides it, and whether
+    ``run.name`` was set explicitly; nothing logged or written back."""
+    job = scheduler.detect(os.environ, ck.cluster.scheduler)
+    if job is None:
+        return None, run_cfg.name, True
+    given = any(o.lstrip("+~").startswith("run.name=") for o in hydra_overrides())
+    explicit = given or run_cfg.name != RunConfig().name
+    return job, scheduler.run_name(run_cfg.name, job, explicit=explicit), explicit
+
+
+def run_dir(cfg: DictConfig, run_cfg: RunConfig, ck: CheckpointConfig) -> Path:
+    """The run directory this start will use, ``<checkpoint.root>/<name>`` as :func:`named`
+    and :func:`sweep_job_name` name it, with nothing logged or written back: what a check
+    before the run starts may look at.
+
+    Raises:
+        ConfigError: ``checkpoint.cluster.scheduler=slurm`` outside a SLURM job.
+    """
+    _, name, _ = _job_name(run_cfg, ck)
+    return Path(ck.root) / sweep_job_name(name, cfg)
+
+
 def named(cfg: DictConfig, run_cfg: RunConfig, ck: CheckpointConfig) -> RunConfig:
     """The run's name: under a SLURM job whose command line and config leave ``run.name``
     at its default, the job's (``slurm-<job id>``, ``slurm-<array job id>-<task id>``:
     stable across requeues, :mod:`recovery.run.scheduler`), written back to ``cfg`` so the
     recorded config and the Hydra log cleanup name it too; else ``run.name``."""
-    job = scheduler.detect(os.environ, ck.cluster.scheduler)
+    job, name, explicit = _job_name(run_cfg, ck)
     if job is None:
         return run_cfg
-    given = any(o.lstrip("+~").startswith("run.name=") for o in hydra_overrides())
-    explicit = given or run_cfg.name != RunConfig().name
-    name = scheduler.run_name(run_cfg.name, job, explicit=explicit)
     if explicit:
         log.info("%s: run.name=%s as set (not the job's %s)", job.describe, name, job.run_name)
         return run_cfg

@@ -30,20 +30,27 @@ from recovery.config.checks import (
 from recovery.config.cluster import ClusterConfig
 from recovery.config.groups import (
     BACKTESTS,
+    PARAMS_PER_THREAD,
     STRATEGIES,
+    THREADS_AUTO,
     DistConfig,
     DrillConfig,
     HealthConfig,
     RunConfig,
     SigningConfig,
     TrainConfig,
+    available_cpus,
+    check_threads,
+    intra_op_threads,
 )
 from recovery.config.schema import typed
 
 __all__ = [
     "BACKTESTS",
+    "PARAMS_PER_THREAD",
     "SEED_MAX",
     "STRATEGIES",
+    "THREADS_AUTO",
     "TIMING_KEYS",
     "CheckpointConfig",
     "ClusterConfig",
@@ -57,8 +64,11 @@ __all__ = [
     "RunConfig",
     "SigningConfig",
     "TrainConfig",
+    "available_cpus",
     "check_seed",
+    "check_threads",
     "did_you_mean",
+    "intra_op_threads",
     "parse_duration",
     "refuse",
     "typed",

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import os
 import re
 from dataclasses import dataclass
 
@@ -12,6 +13,25 @@ BACKTESTS = 10
 """Past windows, at least, that measure the resume health band."""
 STRATEGIES = ("ddp", "fsdp")
 """How a ``torchrun`` job parallelises: replicated (DDP) or sharded (FSDP2)."""
+
+THREADS_AUTO = "auto"
+"""``train.threads=auto``: the count :func:`intra_op_threads` picks."""
+OMP_ENV = "OMP_NUM_THREADS"
+"""The environment variable that sets torch's (OpenMP's) thread count."""
+PARAMS_PER_THREAD = 2**24
+"""Parameters per intra-op thread under ``train.threads=auto`` (16.8M: a second thread
+from 33.5M parameters on).
+
+Every parallel op forks and joins torch's intra-op pool, and an op parallelises only
+above 32768 elements per thread (torch's grain size). A step of these recipes is a few
+dozen small ops over the rows a batch touches and, in the optimizer, a few passes over
+every parameter: the parameter count is a step's work. A second thread pays only when
+that work dwarfs the joins. On the project's 2 cores a dense embedding model's Adam
+step took 2.1x as long on 2 threads as on 1 at the default recipe's 0.1M parameters,
+1.5x at 2M, and was faster on 2 only from some 40M on (noisy: 0.6-0.9x at 77M). On a
+busy machine each join waits for a descheduled thread, every op: there the default
+recipe's training took 1.4x to 2.25x as long on 2 threads as on 1 (BENCHMARKS.md; a
+user's 1200 steps: 68 s against 2.6 s). Hence one thread unless the model is large."""
 
 _RUN_NAME = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._-]*$")
 
@@ -41,10 +61,66 @@ class TrainConfig:
     """Total optimizer steps of the run (a resumed run continues up to this)."""
     log_every: int = 100
     """Log a progress line every this many steps."""
+    threads: str = THREADS_AUTO
+    """Torch's intra-op (and inter-op) thread count: an integer from 1, or ``auto``:
+    ``OMP_NUM_THREADS`` when the environment sets it, else one thread per
+    :data:`PARAMS_PER_THREAD` parameters of the model, at least 1 and at most the cores
+    this process may run on (:func:`intra_op_threads`)."""
 
     def __post_init__(self) -> None:
         positive("train.steps", self.steps, 1200)
         positive("train.log_every", self.log_every, 100)
+        check_threads(self.threads)
+
+
+def check_threads(value: object, key: str = "train.threads") -> int | None:
+    """``value`` of ``train.threads`` as a thread count: ``None`` for ``auto``, else an
+    integer from 1 (the schema's string ``"4"`` as ``4``).
+
+    Raises:
+        ConfigError: anything else (0, a negative or fractional number, another word).
+    """
+    text = str(value).strip()
+    if text == THREADS_AUTO:
+        return None
+    if not isinstance(value, bool) and text.isascii() and text.isdigit() and int(text) >= 1:
+        return int(text)
+    raise refuse(key, f"expected {THREADS_AUTO} or an integer from 1, got {value!r}", THREADS_AUTO)
+
+
+def intra_op_threads(setting: object, omp: str | None, cpus: int, params: int) -> int | None:
+    """How many threads torch computes with, for ``train.threads=setting``.
+
+    Args:
+        setting: the value of ``train.threads`` (``auto`` or an integer from 1).
+        omp: ``OMP_NUM_THREADS`` of the environment (``None``: unset).
+        cpus: the cores this process may run on (:func:`available_cpus`).
+        params: the model's parameter count.
+
+    Returns:
+        An integer set on the command line or in the config, as it is: it names this run's
+        count. ``None`` under ``auto`` when ``omp`` is set (not blank): the user chose, and
+        torch already read it; leave torch's count alone. Else one thread per
+        :data:`PARAMS_PER_THREAD` parameters, from 1 to ``cpus``.
+
+    Raises:
+        ConfigError: ``setting`` is neither ``auto`` nor an integer from 1.
+    """
+    count = check_threads(setting)
+    if count is not None:
+        return count
+    if omp is not None and omp.strip():
+        return None
+    return max(1, min(cpus, params // PARAMS_PER_THREAD))
+
+
+def available_cpus() -> int:
+    """The cores this process may run on: its CPU affinity (a container's or ``taskset``'s
+    set), else every core of the machine."""
+    try:
+        return max(1, len(os.sched_getaffinity(0)))
+    except (AttributeError, OSError):  # no affinity on this platform
+        return max(1, os.cpu_count() or 1)
 
 
 @dataclass(kw_only=True)
