@@ -104,6 +104,8 @@ def git_ignored(root: Path, run_dir: Path) -> str | None:
     if done.returncode != 0:  # 1: not ignored; 128: not a git work tree
         return None
     source = done.stdout.split("\t", 1)[0].strip()  # "<file>:<line>:<pattern>"
+    if source.split(":", 2)[-1].startswith("!"):  # -v names a negation that matched last
+        return None
     return source or "a git ignore rule"
 
 
