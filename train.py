@@ -47,7 +47,8 @@ def main(cfg: DictConfig) -> None:
 
 if __name__ == "__main__":
     try:  # a typo'd key or group option: one line and exit 12, not Hydra's page and exit 1
-        # under -m every job's values are validated too, before the first job trains
+        # under -m each swept value is validated too (up to MAX_SWEEP_COMPOSES jobs), before
+        # the first job trains
         conf = Path(__file__).resolve().parent / "conf"
         preflight("train.py", sys.argv[1:], conf, validate=recipes.validate)
     except RecoveryError as err:

@@ -7,7 +7,8 @@ called when a :class:`~recovery.run.checkpointer.Checkpointer` is made, gives th
 package logger a stderr handler at INFO in that case only, as Lightning does for
 its own logger: under an application's logging config (``logging.basicConfig``,
 Hydra's, pytest's) nothing changes, and an application that configures logging
-later takes over at its first record (the handler steps aside).
+later takes over at the package's next record: that record goes to the application's
+handlers once, if the application's level lets it through, and so does every later one.
 """
 
 from __future__ import annotations
@@ -37,12 +38,30 @@ class _Fallback(logging.StreamHandler):  # type: ignore[type-arg]
 
     def emit(self, record: logging.LogRecord) -> None:
         root = logging.getLogger()
-        if root.handlers:  # configured since: its config decides from now on
-            withdraw()
-            if record.levelno >= root.getEffectiveLevel():
-                root.handle(record)
+        if not root.handlers:
+            super().emit(record)
             return
-        super().emit(record)
+        # configured since: the package is the application's again. The logger's
+        # ``propagate`` is read once its handlers ran, so setting it here sends this very
+        # record on to the root's handlers, once; a record below the root's level stops
+        # here, and the next one is let through (Python checks a level where a record is
+        # made, and the package's INFO let this one in)
+        logger = logging.getLogger(PACKAGE)
+        logger.removeHandler(self)
+        logger.setLevel(logging.NOTSET)
+        if record.levelno >= root.getEffectiveLevel():
+            logger.propagate = True
+        else:
+            logger.addHandler(_Reopen())
+
+
+class _Reopen(logging.Handler):
+    """Sends the package's next record on to the root's handlers, then steps aside."""
+
+    def emit(self, record: logging.LogRecord) -> None:
+        logger = logging.getLogger(PACKAGE)
+        logger.removeHandler(self)
+        logger.propagate = True
 
 
 def show() -> None:
@@ -63,8 +82,9 @@ def show() -> None:
 def withdraw() -> None:
     """Undo :func:`show` (the application's logging config takes over)."""
     logger = logging.getLogger(PACKAGE)
-    for handler in list(logger.handlers):
-        if isinstance(handler, _Fallback):
-            logger.removeHandler(handler)
-            logger.setLevel(logging.NOTSET)
-            logger.propagate = True
+    mine = [h for h in logger.handlers if isinstance(h, _Fallback | _Reopen)]
+    for handler in mine:
+        logger.removeHandler(handler)
+    if mine:
+        logger.setLevel(logging.NOTSET)
+        logger.propagate = True

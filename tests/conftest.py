@@ -232,7 +232,7 @@ COST_PER_TEST = {
     "unit/test_trackers.py": 2,
 }
 COST_BY_NAME = {
-    "test_the_readmes_commands_work_after_the_demo_and_git_status_stays_clean": 130,
+    "test_the_readmes_commands_work_after_the_demo_and_leave_only_what_they_say": 130,
     "test_dvc_repro_exports_then_does_nothing_then_reexports_after_training": 65,
     "test_dvc_experiments_train_resume_queue_and_show": 85,
     "test_a_job_requeued_by_slurm_and_at_its_time_limit_comes_back_bit_identical": 45,

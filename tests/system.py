@@ -51,12 +51,13 @@ CHROMIUM = Need(
 NEEDS = (SLURM, CHROMIUM)
 
 
-def require(need: Need) -> None:
+def require(need: Need, *, to_run: bool = True) -> None:
     """Skip the calling test when ``need`` is not installed (the reason names what to
-    install); the SLURM tests also skip when not run as root (slurmd starts the jobs)."""
+    install); with ``to_run`` (the test starts it), the SLURM tests also skip when not run
+    as root (slurmd starts the jobs)."""
     if need.absent():
         pytest.skip(f"{PREFIX}{need.label}: {need.install}")
-    if need is SLURM and os.geteuid() != 0:
+    if to_run and need is SLURM and os.geteuid() != 0:
         pytest.skip("the SLURM tests run as root (slurmd starts the jobs as root)")
 
 

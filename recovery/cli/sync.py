@@ -64,10 +64,11 @@ def cmd_sync(args: argparse.Namespace) -> int:
     )
     if left or not done:
         causes = sorted({publisher.errors[p] for p in todo if p in publisher.errors})
-        cause = (
-            "; ".join(causes)
-            if causes
-            else f"DVC did not finish within {args.timeout:.0f} s (--timeout)"
+        if not done:
+            causes.append(f"DVC did not finish within {args.timeout:.0f} s (--timeout)")
+        cause = "; ".join(causes) or (
+            "not registered: removed meanwhile, or run inside a DVC stage (DVC_STAGE set), "
+            "where nothing is added"
         )
         raise errors.TrackingError(
             f"{run_dir}: {len(left)} checkpoint(s) still pending ({', '.join(left)}): {cause}",

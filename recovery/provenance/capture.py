@@ -334,8 +334,17 @@ def capture(
             "platform": platform.platform(),
             "host": platform.node(),
             "pid": os.getpid(),
+            **_threads(),
         },
     }
+
+
+def _threads() -> dict[str, int]:
+    """torch's intra-op thread count, when torch is loaded (a CPU reduction over another
+    count sums in another order: a resume that changes it is not bit-identical)."""
+    torch = sys.modules.get("torch")
+    get = getattr(torch, "get_num_threads", None)
+    return {"threads": int(get())} if callable(get) else {}
 
 
 def flatten(config: Any, prefix: str = "") -> dict[str, Any]:
@@ -381,6 +390,12 @@ def drift(
         lines.append("dependencies: " + ("; ".join(changes[:20]) or "package set changed"))
     if (od.get("lock_file") or {}).get("sha256") != (nd.get("lock_file") or {}).get("sha256"):
         lines.append("dependencies: lock file changed")
+    ot, nt = old.get("runtime", {}).get("threads"), new.get("runtime", {}).get("threads")
+    if ot is not None and nt is not None and ot != nt:
+        lines.append(
+            f"torch threads: {ot} -> {nt} (on CPU a reduction over another thread count sums "
+            "in another order: not bit-identical; train.threads or OMP_NUM_THREADS sets it)"
+        )
     ov, nv = old.get("dataset", {}).get("version"), new.get("dataset", {}).get("version")
     if ov != nv:
         lines.append(f"dataset: {ov} -> {nv}")

@@ -112,7 +112,8 @@ class Checkpointer(Tiered):
         seed: int = 0,
         strategy: str = "ddp",
     ) -> None:
-        console.show()  # a script that set up no logging still hears its resume
+        if world.leader:  # a script that set up no logging still hears its resume, once
+            console.show()
         multirank.check_supported(
             world,
             async_save=cfg.async_save,

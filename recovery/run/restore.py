@@ -151,7 +151,8 @@ def resume_from(
     step = loaded.decoded.step
     rid = str(rec.get("run_id") or run_id)
     source = lineage.link(loaded.manifest, loaded.path, root)
-    log.info("%s", announce(loaded, rid, step, declared.describe(restored, absent)))
+    said = declared.describe(restored, absent)
+    log.info("%s", announce(loaded, rid, step, said, each_rank=world.distributed))
     return Identity(
         run_id=rid,
         lineage=[
@@ -309,18 +310,24 @@ def finished(step: int, final_step: int) -> str:
     return (
         f"the run is finished: it resumed at step {step}, its final step ({final_step}); "
         "nothing to train. To train on, raise the final step (final_step=, or train.steps "
-        "for train.py) and resume"
+        "for train.py) and resume: a schedule that is a function of the final step (the "
+        "recipes' cosine) is then recomputed for the new length, which the resume says; "
+        "or start a new run from this checkpoint (+init_from=)"
     )
 
 
-def announce(loaded: resume.Loaded, run_id: str, step: int, restored: str) -> str:
+def announce(
+    loaded: resume.Loaded, run_id: str, step: int, restored: str, *, each_rank: bool = False
+) -> str:
     """The resume's line: which run, at which step, from which checkpoint of which tier,
-    what was verified and who signed it, what was restored."""
+    what was verified and who signed it, what was restored. ``each_rank``: a distributed
+    load, where each rank verifies the signature and the files it reads."""
     tier = loaded.manifest.recovery.get("tier", "persistent")
     files = len(loaded.manifest.files) + (len(loaded.base.manifest.files) if loaded.base else 0)
+    digests = "the digests of the files each rank read" if each_rank else f"{files} file digests"
     return (
         f"RESUMED run {run_id[:12]} at step {step} from {loaded.path} ({tier} tier; "
-        f"verified: signature and {files} file digests, signed by "
+        f"verified: signature and {digests}, signed by "
         f"{checked.signer_text(checked.signer(loaded.manifest))}): {restored}"
     )
 

@@ -85,3 +85,22 @@ def test_a_train_steps_change_on_resume_says_what_the_schedule_does():
     assert "recomputed for 400 steps. With" in str(
         schedule.change(["config: train.steps: 200 -> 400"], None, None, 200)
     )
+
+
+@pytest.mark.parametrize(
+    ("old", "new", "said"),
+    [
+        ({"runtime": {"threads": 4}}, {"runtime": {"threads": 1}}, ["torch threads: 4 -> 1"]),
+        ({"runtime": {"threads": 1}}, {"runtime": {"threads": 1}}, []),
+        ({"runtime": {}}, {"runtime": {"threads": 1}}, []),  # recorded before it was
+    ],
+)
+def test_a_resume_on_another_thread_count_is_drift(old, new, said):
+    lines = capture.drift(old, new)
+    assert [line.split(" (")[0] for line in lines] == said
+
+
+def test_the_thread_count_is_captured_when_torch_is_loaded(tmp_path):
+    assert capture.capture(config={}, project_root=tmp_path)["runtime"]["threads"] == (
+        torch.get_num_threads()
+    )
