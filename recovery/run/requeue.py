@@ -61,10 +61,14 @@ def requeue(job: Job, *, also_ignore: Sequence[str] = (), run: Run = _scontrol) 
     J``), ignoring the signals that follow; ``True`` when SLURM accepted it. Call it
     once per job (rank 0), after the checkpoint is committed and the journal closed."""
     ignore_signals(also_ignore)
-    try:
+    try:  # the update is not needed by a job submitted requeueable: its failure or
+        # time-out (a busy controller) is said, and the requeue is tried all the same
         update = run(["update", f"JobId={job.own_id}", "Requeue=1"])
-        if update.returncode:  # not fatal: a job submitted requeueable needs no update
+        if update.returncode:
             log.info("requeue: scontrol update Requeue=1: %s", _one_line(update.stderr))
+    except (OSError, subprocess.SubprocessError) as err:
+        log.info("requeue: scontrol update Requeue=1 for %s: %s", job.describe, err)
+    try:
         done = run(["requeue", job.own_id])
     except (OSError, subprocess.SubprocessError) as err:
         log.error("requeue: could not run scontrol for %s: %s", job.describe, err)

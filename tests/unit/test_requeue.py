@@ -73,3 +73,20 @@ def test_an_update_refused_is_one_info_line_and_the_requeue_still_runs(caplog):
         "requeue: scontrol update Requeue=1: scontrol: error: _establish_config_source: "
         "failed slurm_load_ctl_conf error"
     )
+
+
+def test_an_update_that_timed_out_is_one_info_line_and_the_requeue_still_runs(caplog):
+    caplog.set_level(logging.INFO, logger="recovery.run.requeue")
+    calls: list[list[str]] = []
+
+    def run(args: Sequence[str]) -> subprocess.CompletedProcess[str]:
+        calls.append(list(args))
+        if args[0] == "update":  # a busy controller: scontrol's own 30 s ran out
+            raise subprocess.TimeoutExpired(["scontrol", *args], 30)
+        return subprocess.CompletedProcess(args, 0, "", "")
+
+    assert requeue.requeue(JOB, run=run) is True
+    assert calls == [["update", "JobId=5", "Requeue=1"], ["requeue", "5"]]
+    infos = [r.getMessage() for r in caplog.records if r.levelno == logging.INFO]
+    assert infos[0].startswith("requeue: scontrol update Requeue=1 for SLURM job 5 (restart 0): ")
+    assert "timed out after 30 seconds" in infos[0]
