@@ -73,13 +73,14 @@ def resolve_signer(
     registered as made on this machine (trusted from any working directory).
 
     Raises:
-        SigningKeyError: the configured key cannot be read or is not ECDSA.
+        SigningKeyError: the configured key cannot be read or is not ECDSA, or is not the
+            private half of the public key beside it (:func:`paired`).
     """
     from_env = env_signer()
     if from_env is not None:
-        return from_env
+        return paired(from_env)
     if cfg.key:
-        return Signer(Path(cfg.key))
+        return paired(Signer(Path(cfg.key)))
     fallback = create_in.absolute() if create_in is not None else None
     dev_dir = dev_key_dir(cfg.dev_key_dir, near=near, fallback=fallback)
     if not (dev_dir / PRIVATE_KEY_FILE).exists():
@@ -90,7 +91,37 @@ def resolve_signer(
             "For shared checkpoints run `recovery keygen --out DIR` and set signing.key.",
             dev_dir,
         )
-    return Signer(dev_dir / PRIVATE_KEY_FILE, dev=True)
+    return paired(Signer(dev_dir / PRIVATE_KEY_FILE, dev=True))
+
+
+def paired(signer: Signer) -> Signer:
+    """``signer``, once its private key is checked against the public key beside it
+    (``recovery.pub`` next to ``recovery.key``, as ``recovery keygen`` and the dev key
+    write them), which is the one trusted and registered: a private key of another pair
+    would sign a whole run that no verifier accepts.
+
+    Raises:
+        SigningKeyError: the public key beside it is another key's (or unreadable).
+    """
+    from recovery.errors import SigningKeyError
+    from recovery.integrity.signing import key_id, load_public_key
+
+    public = signer.path.with_name(PUBLIC_KEY_FILE)
+    if signer.path.name != PRIVATE_KEY_FILE or not public.is_file():
+        return signer
+    try:
+        beside = key_id(load_public_key(public.read_bytes(), where=str(public)))
+    except OSError as err:
+        raise SigningKeyError(f"{public}: cannot read it ({err})", path=public) from err
+    if beside != signer.key_id:
+        raise SigningKeyError(
+            f"{signer.path}: this private key is not the half of {public.name} beside it "
+            f"(key {signer.key_id[:12]}, {public.name} {beside[:12]}): what it signed would "
+            f"not verify against {public.name}; put the pair back together, or remove both "
+            "files to make a new pair",
+            path=signer.path,
+        )
+    return signer
 
 
 def _register(public: Path) -> None:

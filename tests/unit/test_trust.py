@@ -1,11 +1,17 @@
 """The dev key resolves the same from anywhere; the CLI trusts $RECOVERY_SIGNING_KEY."""
 
 import os
+import shutil
+
+import pytest
 
 from recovery import cli
 from recovery.config import SigningConfig
+from recovery.errors import SigningKeyError
+from recovery.exitcodes import exit_code
 from recovery.format.layout import step_dir_name
 from recovery.integrity import trust
+from recovery.integrity.signing import PRIVATE_KEY_FILE, PUBLIC_KEY_FILE, generate_keypair
 from tests.conftest import commit_state, make_signer, tiny_state
 
 
@@ -160,3 +166,23 @@ def test_keys_are_made_private_whatever_the_umask_and_a_writable_registry_is_ign
     assert devkeys.registered_keys()  # believed: the registry is this user's alone
     devkeys.registry().chmod(0o777)  # another user could plant a key here now
     assert devkeys.registered_keys() == []
+
+
+def test_a_private_key_beside_another_keys_public_half_is_refused_before_it_signs(
+    tmp_path, monkeypatch
+):
+    monkeypatch.delenv("RECOVERY_SIGNING_KEY", raising=False)
+    mine, other = tmp_path / "mine", tmp_path / "other"
+    generate_keypair(mine)
+    generate_keypair(other)
+    cfg = SigningConfig(key=str(mine / PRIVATE_KEY_FILE))
+    assert trust.resolve_signer(cfg).path == mine / PRIVATE_KEY_FILE  # a pair: signs
+    shutil.copy(other / PRIVATE_KEY_FILE, mine / PRIVATE_KEY_FILE)  # the public half stays
+    with pytest.raises(SigningKeyError, match="is not the half of recovery.pub beside it") as e:
+        trust.resolve_signer(cfg)
+    assert exit_code(e.value) == 20
+    monkeypatch.setenv("RECOVERY_SIGNING_KEY", str(mine / PRIVATE_KEY_FILE))
+    with pytest.raises(SigningKeyError):
+        trust.resolve_signer(SigningConfig())
+    (mine / PUBLIC_KEY_FILE).unlink()  # a private key alone is taken as it is
+    assert trust.resolve_signer(SigningConfig()).path == mine / PRIVATE_KEY_FILE
