@@ -293,6 +293,13 @@ def _latest(
             log.warning("RESUME FALLBACK: skipping %s", why)
             skipped.append((path, why))
             continue
+        if candidate.tier == tiers.LOCAL and past.run_id != loaded.manifest.recovery.get(
+            "run_id"
+        ):  # RAM outlives a run directory deleted and started anew at the same path
+            why = stale(path, loaded, run_dir)
+            log.warning("RESUME FALLBACK: skipping %s", why)
+            skipped.append((path, why))
+            continue
         if history.foreign(past, loaded.manifest.recovery.get("run_id")):
             refused = _foreign(path, loaded, past)
             if strict:
@@ -326,6 +333,17 @@ def _latest(
     elif fresh:
         log.warning("resume=latest: no checkpoint in %s yet; starting a fresh run", run_dir)
     return None
+
+
+def stale(path: Path, loaded: Loaded, run_dir: Path) -> str:
+    """Why a local-tier snapshot is not resumed: the run directory's journal does not name
+    its run (the directory was deleted, or holds another run now)."""
+    theirs = str(loaded.manifest.recovery.get("run_id"))
+    return (
+        f"{path}: a stale local-tier snapshot of run {theirs[:12]}, which the journal of "
+        f"{run_dir} does not name (the run directory was deleted or started anew); the "
+        f"tier's directory {path.parent} is not resumed from"
+    )
 
 
 def _foreign(path: Path, loaded: Loaded, past: History) -> ForeignCheckpointError:

@@ -356,3 +356,18 @@ CGROUP_FILES = {
 )
 def test_a_jobs_memory_limit_bounds_the_room_in_ram(cgroups, room):
     assert tiers.cgroup_room(cgroups, CGROUP_FILES.get) == room
+
+
+def test_a_deleted_run_does_not_come_back_from_ram(tmp_path, signer, trust, prov, caplog):
+    # a killed run leaves its snapshot of step 8 in RAM; its run directory is deleted and a
+    # new run starts at the same path with +resume=latest: it starts fresh, saying why
+    ck, _ = crash_at(tmp_path, signer, trust, prov, 8)
+    assert [s for s, _ in ck.local.held()] == [8]
+    shutil.rmtree(ck.run_dir)
+    again = checkpointer(tmp_path, signer, trust, prov, final=12)
+    assert again.restore(tiny_state(), "latest") == 0
+    again.close()
+    said = [r.getMessage() for r in caplog.records if "stale local-tier snapshot" in r.getMessage()]
+    assert len(said) == 1 and "the run directory was deleted or started anew" in said[0]
+    starts = [r for r in read(again.run_dir / "metrics.jsonl") if r.get("event") == "start"]
+    assert len(starts) == 1 and starts[0]["run_id"] != ck.run_id
