@@ -8,12 +8,13 @@ from __future__ import annotations
 
 import contextlib
 import logging
+import os
 import shutil
 from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
-from recovery.errors import RecoveryError, RunDirInUseError
+from recovery.errors import RecoveryError, RunDirInUseError, UnsafePathError
 from recovery.format.layout import scan
 from recovery.integrity import commit, private
 from recovery.run import tiers
@@ -81,10 +82,23 @@ class LocalDir:
         Raises:
             StorageError: ``checkpoint.local.root`` cannot hold it (one line naming the key).
             UnsafePathError: a directory on the way is a symlink, another user's, or writable
-                by others.
+                by others; the directory holds a symlink.
         """
         self._private = private.PrivateDir(self.root, self.dir, key="checkpoint.local.root")
+        self._refuse_links()
         commit.remove_stale(self.dir)
+
+    def _refuse_links(self) -> None:
+        # nothing of ours is a link here: one planted (a "newer snapshot" pointing elsewhere)
+        # is refused now, before any step, not when a retirement meets it later
+        with os.scandir(self.dir) as entries:
+            planted = sorted(e.name for e in entries if e.is_symlink())
+        if planted:
+            raise UnsafePathError(
+                f"{self.dir}: holds symlinks, which the local tier never writes: "
+                f"{', '.join(planted)}; remove them (and check who can write here)",
+                path=self.dir / planted[0],
+            )
 
     def check(self) -> None:
         """Before writing into or deleting from the local directory: it is still the private

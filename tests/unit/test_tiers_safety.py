@@ -371,3 +371,15 @@ def test_a_deleted_run_does_not_come_back_from_ram(tmp_path, signer, trust, prov
     assert len(said) == 1 and "the run directory was deleted or started anew" in said[0]
     starts = [r for r in read(again.run_dir / "metrics.jsonl") if r.get("event") == "start"]
     assert len(starts) == 1 and starts[0]["run_id"] != ck.run_id
+
+
+def test_a_link_planted_as_a_newer_snapshot_is_refused_at_start(tmp_path, signer, trust, prov):
+    ck, _ = crash_at(tmp_path, signer, trust, prov, 8)
+    elsewhere = tmp_path / "theirs" / step_dir_name(10)
+    shutil.copytree(ck.local.dir / step_dir_name(8), elsewhere)
+    (ck.local.dir / step_dir_name(10)).symlink_to(elsewhere)
+    again = checkpointer(tmp_path, signer, trust, prov, final=12)
+    with pytest.raises(UnsafePathError, match="holds symlinks, which the local tier never writes"):
+        again.restore(tiny_state(), "latest")
+    again.close()
+    assert again._lock is None and (elsewhere / "model.sig").exists()  # nothing touched there
