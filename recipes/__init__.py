@@ -30,7 +30,7 @@ from recovery.config import (
 )
 from recovery.config.groups import OMP_ENV
 from recovery.errors import ConfigError, RecoveryError, RunDirInUseError, StorageError
-from recovery.format.layout import scan
+from recovery.format.layout import refuse_reuse
 from recovery.run.trackers.config import TrackersConfig
 
 log = logging.getLogger(__name__)
@@ -154,7 +154,7 @@ def check_start(cfg: DictConfig) -> None:
     schemas live beside their torch code; :func:`run` checks them next), then refuses a
     fresh or warm-started run (no ``+resume=``) pointed at a run directory that already
     holds checkpoints, with the message and exit code (13) of the run's own check
-    (``recovery.run.rundir.refuse_reuse``), which still runs after the run takes the
+    (:func:`recovery.format.layout.refuse_reuse`), which still runs after the run takes the
     directory's lock. A directory that cannot be listed is left to that check. A refused
     start leaves nothing behind that it made, as :func:`run`.
 
@@ -173,23 +173,18 @@ def check_start(cfg: DictConfig) -> None:
 
 
 def _refuse_reuse(cfg: DictConfig) -> None:
-    """``recovery.run.rundir.refuse_reuse`` of the run directory, from a listing alone (that
-    module imports torch). Its message, word for word: a test holds the two together."""
+    """:func:`recovery.format.layout.refuse_reuse` of the run directory this start will use
+    (the run's own check, from a listing: no torch)."""
     from recipes.naming import run_dir as planned_run_dir
 
     ck = typed(CheckpointConfig, cfg.checkpoint, key="checkpoint")
     run_dir = planned_run_dir(cfg, typed(RunConfig, cfg.run, key="run"), ck)
     try:
-        committed = scan(run_dir).committed
+        refuse_reuse(run_dir)
+    except RunDirInUseError:  # an OSError too (FileExistsError)
+        raise
     except OSError:  # unreadable: the run's own check says why, after it takes the lock
         return
-    if committed:
-        raise RunDirInUseError(
-            f"{run_dir}: already holds checkpoints up to step {committed[-1][0]}. "
-            "Pass +resume=latest to continue that run, or choose another run.name= "
-            "(or checkpoint.root=) for a new one.",
-            path=run_dir,
-        )
 
 
 def _parameters(cfg: DictConfig) -> int:

@@ -44,6 +44,7 @@ from recovery.parallel import sharded
 from recovery.parallel import world as distributed
 from recovery.parallel.world import World
 from recovery.provenance import capture as provenance
+from recovery.provenance.drift import flatten
 from recovery.provenance.purpose import PurposeSpec
 from recovery.run import policy, trackers
 from recovery.run.checkpointer import Checkpointer
@@ -200,9 +201,7 @@ def ignored(ckpt: Checkpointer, journal: Journal, fixed: dict[str, str]) -> None
     old = ckpt.identity.old_config
     if old is None or ckpt.resumed_from is None:
         return
-    lines = policy.ignored_on_resume(
-        provenance.flatten(old), provenance.flatten(ckpt.config), fixed
-    )
+    lines = policy.ignored_on_resume(flatten(old), flatten(ckpt.config), fixed)
     for line in lines:
         log.warning("OVERRIDE IGNORED: %s", line)
     if lines:

@@ -10,21 +10,20 @@ step and the rate the next step uses; the step after it follows the new schedule
 
 from __future__ import annotations
 
-import re
 from collections.abc import Sequence
 from typing import Any
 
 import torch
 
-_STEPS = re.compile(r"^config: train\.steps: (\d+) -> (\d+)$")
+from recovery.provenance.drift import config_change
 
 
 def steps_change(drift: Sequence[str]) -> tuple[int, int] | None:
     """``(before, after)`` when the resume's DRIFT lines say ``train.steps`` changed."""
-    for line in drift:
-        if found := _STEPS.match(line):
-            return int(found.group(1)), int(found.group(2))
-    return None
+    changed = config_change(drift, "train.steps")
+    if changed is None or not all(isinstance(v, int) for v in changed):
+        return None
+    return int(changed[0]), int(changed[1])
 
 
 def change(drift: Sequence[str], scheduler: Any, optimizer: Any, step: int) -> str | None:

@@ -9,7 +9,7 @@ from typing import Any
 from recovery import errors
 from recovery.cli.common import duration, emit, phase
 from recovery.format.layout import scan
-from recovery.storage import tracking
+from recovery.storage import gitignored, tracking
 
 
 def cmd_sync(args: argparse.Namespace) -> int:
@@ -23,8 +23,8 @@ def cmd_sync(args: argparse.Namespace) -> int:
             "project root)",
             path=run_dir,
         )
-    if why := tracking.git_ignored(root, run_dir):
-        raise errors.TrackingError(tracking.not_registered(run_dir, why), path=run_dir)
+    if why := gitignored.git_ignored(root, run_dir):
+        raise errors.TrackingError(gitignored.not_registered(run_dir, why), path=run_dir)
     state = tracking.status(run_dir)
     todo = [
         path

@@ -116,3 +116,21 @@ def scan(run_dir: Path) -> Listing:
             stale.append(entry)
     committed.sort()
     return Listing(committed, sorted(stale))
+
+
+def refuse_reuse(run_dir: Path) -> None:
+    """A fresh or warm-started run starts in a run directory without checkpoints: decided
+    from a listing alone (no torch), so ``train.py`` asks it before importing torch too.
+
+    Raises:
+        RunDirInUseError: ``run_dir`` holds committed checkpoints.
+    """
+    from recovery.errors import RunDirInUseError
+
+    if committed := scan(run_dir).committed:
+        raise RunDirInUseError(
+            f"{run_dir}: already holds checkpoints up to step {committed[-1][0]}. "
+            "Pass +resume=latest to continue that run, or choose another run.name= "
+            "(or checkpoint.root=) for a new one.",
+            path=run_dir,
+        )

@@ -52,7 +52,7 @@ from recovery.run.restoring import defaults
 from recovery.run.tiered import Tiered
 from recovery.state import wrapping
 from recovery.state.registry import MODEL, TrainState
-from recovery.storage import tracking
+from recovery.storage import gitignored, tracking
 
 log = logging.getLogger(__name__)
 
@@ -179,8 +179,8 @@ class Checkpointer(Tiered):
         )
         """The local tier (``checkpoint.local``), or ``None``: :mod:`recovery.run.tiers`."""
         repo = tracking.find_repo(run_dir) if cfg.dvc.enabled and world.leader else None
-        if repo is not None and (why := tracking.git_ignored(repo, run_dir)):
-            log.warning("%s", tracking.not_registered(run_dir, why))  # once, not per checkpoint
+        if repo is not None and (why := gitignored.git_ignored(repo, run_dir)):
+            log.warning("%s", gitignored.not_registered(run_dir, why))  # once, not per checkpoint
             repo = None
         self.publisher = (
             tracking.Publisher(repo, push=cfg.dvc.push, remote=cfg.dvc.remote) if repo else None

@@ -28,8 +28,8 @@ from recovery.integrity.signing import TrustStore
 from recovery.parallel import loading, sharded
 from recovery.parallel import world as distributed
 from recovery.parallel.world import World
-from recovery.provenance import capture as prov
 from recovery.provenance import lineage, purpose
+from recovery.provenance.drift import drift as drift_since
 from recovery.run import checked, history, resume
 from recovery.state import declared
 from recovery.state.registry import DROP_ENV, MODEL, TrainState, does_not_fit
@@ -115,7 +115,7 @@ def resume_from(
     rec = loaded.manifest.recovery
     raw = loaded.files.get(CONFIG_FILE)
     old_config = _yaml(raw if isinstance(raw, bytes) else None, where=loaded.path / CONFIG_FILE)
-    drift = prov.drift(
+    drift = drift_since(
         rec.get("provenance", {}), provenance, old_config=old_config, new_config=config
     )
     for line in drift:

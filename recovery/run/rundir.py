@@ -11,8 +11,8 @@ from __future__ import annotations
 import tempfile
 from pathlib import Path
 
-from recovery.errors import RecoveryError, RunDirInUseError, StorageError
-from recovery.format.layout import scan
+from recovery.errors import RecoveryError, StorageError
+from recovery.format.layout import refuse_reuse as refuse_reuse  # the run's check
 from recovery.integrity import commit
 from recovery.integrity.lock import RunLock
 from recovery.integrity.signing import TrustStore
@@ -59,18 +59,3 @@ def prepare(run_dir: Path, world: World, journal: Path, events_trust: TrustStore
             ) from err
     distributed.barrier()
     return lock
-
-
-def refuse_reuse(run_dir: Path) -> None:
-    """A fresh or warm-started run starts in a run directory without checkpoints.
-
-    Raises:
-        RunDirInUseError: ``run_dir`` holds committed checkpoints.
-    """
-    if committed := scan(run_dir).committed:
-        raise RunDirInUseError(
-            f"{run_dir}: already holds checkpoints up to step {committed[-1][0]}. "
-            "Pass +resume=latest to continue that run, or choose another run.name= "
-            "(or checkpoint.root=) for a new one.",
-            path=run_dir,
-        )

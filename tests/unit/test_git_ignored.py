@@ -1,4 +1,4 @@
-"""recovery.storage.tracking.git_ignored: whether git ignores a run's .dvc files, read from
+"""recovery.storage.gitignored.git_ignored: whether git ignores a run's .dvc files, read from
 a real git work tree (a negation that matches last is no ignore)."""
 
 from __future__ import annotations
@@ -9,7 +9,7 @@ from pathlib import Path
 
 import pytest
 
-from recovery.storage import tracking
+from recovery.storage import gitignored
 
 pytestmark = pytest.mark.skipif(shutil.which("git") is None, reason="git is not installed")
 
@@ -28,8 +28,8 @@ def test_a_run_whose_dvc_files_git_ignores_is_named_with_the_rule(tmp_path, rule
     subprocess.run(["git", "init", "-q"], cwd=tmp_path, check=True)
     (tmp_path / ".gitignore").write_text(rules)
     (tmp_path / run).mkdir(parents=True)
-    assert tracking.git_ignored(tmp_path, tmp_path / run) == ignored
+    assert gitignored.git_ignored(tmp_path, tmp_path / run) == ignored
 
 
 def test_outside_a_git_work_tree_nothing_is_ignored(tmp_path: Path):
-    assert tracking.git_ignored(tmp_path, tmp_path / "runs" / "a") is None
+    assert gitignored.git_ignored(tmp_path, tmp_path / "runs" / "a") is None

@@ -9,6 +9,7 @@ import torch
 from recipes import schedule
 from recipes.common import warmup_cosine
 from recovery.provenance import capture
+from recovery.provenance.drift import config_change, drift
 from recovery.run.ending import one_line
 from recovery.state.registry import does_not_fit
 
@@ -61,7 +62,7 @@ def test_a_mismatch_error_lists_every_mismatch_on_its_line(problems, text):
     ],
 )
 def test_where_checkpoints_are_also_kept_is_no_drift(old, new, drifts):
-    assert capture.drift({}, {}, old_config=old, new_config=new) == drifts
+    assert drift({}, {}, old_config=old, new_config=new) == drifts
 
 
 def test_a_train_steps_change_on_resume_says_what_the_schedule_does():
@@ -96,7 +97,7 @@ def test_a_train_steps_change_on_resume_says_what_the_schedule_does():
     ],
 )
 def test_a_resume_on_another_thread_count_is_drift(old, new, said):
-    lines = capture.drift(old, new)
+    lines = drift(old, new)
     assert [line.split(" (")[0] for line in lines] == said
 
 
@@ -104,3 +105,19 @@ def test_the_thread_count_is_captured_when_torch_is_loaded(tmp_path):
     assert capture.capture(config={}, project_root=tmp_path)["runtime"]["threads"] == (
         torch.get_num_threads()
     )
+
+
+@pytest.mark.parametrize(
+    ("lines", "key", "change"),
+    [
+        (["config: train.steps: 200 -> 400"], "train.steps", (200, 400)),
+        (["config: run.name: 'a' -> 'b'"], "run.name", ("a", "b")),
+        (["config: train.steps: 200 -> 400"], "train", None),
+        (["dataset: md5:x -> md5:y"], "train.steps", None),
+    ],
+)
+def test_a_config_change_is_read_back_from_the_drift_line(lines, key, change):
+    assert config_change(lines, key) == change
+    if key == "train.steps" and change:  # the line drift() writes for it
+        assert drift({}, {}, old_config={"train": {"steps": 200}},
+                     new_config={"train": {"steps": 400}}) == lines  # fmt: skip
