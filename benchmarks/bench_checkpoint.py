@@ -48,8 +48,8 @@ import torch
 from recovery.config import CheckpointConfig
 from recovery.integrity import commit
 from recovery.integrity.signing import Signer, TrustStore, generate_keypair
-from recovery.run import resume
-from recovery.run.staging import Staging
+from recovery.run.restoring import choose
+from recovery.run.writing.staging import Staging
 from recovery.state import snapshot
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
@@ -378,7 +378,7 @@ def child_load(kind: str, work: Path, size_gb: float) -> float:
     signer = Signer(work / "key" / "recovery.key")
     trust = TrustStore()
     trust.add_pem(signer.public_pem, source="bench")
-    return timed(lambda: resume.load(target / "step-00000001", trust))
+    return timed(lambda: choose.load(target / "step-00000001", trust))
 
 
 if __name__ == "__main__":

@@ -22,7 +22,7 @@ committed save):
 - the median ``pause_s`` and ``write_s`` of the saves (the same here: saves are
   synchronous, the pause is the whole write);
 - bit-identity: the final checkpoints of the two runs (step ``--steps``), verified
-  and decoded by ``recovery.run.resume.load`` (a delta patched onto its base), hold
+  and decoded by ``recovery.run.restoring.choose.load`` (a delta patched onto its base), hold
   bitwise-equal trees (every tensor's bits, every other leaf ``==``). The script
   exits 1 when they do not.
 
@@ -32,7 +32,7 @@ step. Each of ``--runs`` tries copies the checkpoint (a delta with its base) int
 fresh run directory and resumes it there, ``python train.py ... +resume=<path>
 train.steps=<step + 1>``, reading the journal's ``first_step`` record (process
 start to the first resumed step: interpreter, imports, data, verify, decode, one
-step); also timed in this process: ``resume.load`` alone (verify and decode, the
+step); also timed in this process: ``choose.load`` alone (verify and decode, the
 files in the page cache).
 
 With ``--dvc`` each run's checkpoint root is a git + DVC repository with a local
@@ -72,7 +72,7 @@ import torch
 
 from recovery.format import delta
 from recovery.integrity.signing import TrustStore, generate_keypair
-from recovery.run import resume
+from recovery.run.restoring import choose
 from recovery.tools.drill import dvc_repo
 
 ROOT = Path(__file__).resolve().parent.parent
@@ -139,8 +139,8 @@ class Bench:
             tail = (out.stdout + out.stderr)[-4000:]
             raise SystemExit(f"train.py failed ({out.returncode}): {' '.join(cmd)}\n{tail}")
 
-    def load(self, path: Path) -> resume.Loaded:
-        return resume.load(path, self.trust)
+    def load(self, path: Path) -> choose.Loaded:
+        return choose.load(path, self.trust)
 
 
 def dvc_project(root: Path) -> None:
@@ -265,7 +265,7 @@ def timed(fn: Callable[[], Any]) -> tuple[float, Any]:
 def resume_times(
     bench: Bench, interval: int, full_dir: Path, diff_dir: Path, runs: int
 ) -> dict[str, Any]:
-    """First-step and ``resume.load`` seconds from the newest kept delta and from the full
+    """First-step and ``choose.load`` seconds from the newest kept delta and from the full
     run's checkpoint of the same step (each resumed from a copy in a fresh run dir)."""
     found = None
     for step in reversed(kept(diff_dir)):
@@ -532,7 +532,7 @@ def run(args: argparse.Namespace, intervals: list[int], work: Path, created: lis
             f"\nresume at step {resumed['step']} (every {main_interval}; the delta is "
             f"#{resumed['delta_sequence']} on its base), median of {args.runs}:"
         )
-        print("\n| resumed from | MB read | first step s (process start) | resume.load s |")
+        print("\n| resumed from | MB read | first step s (process start) | choose.load s |")
         print("|---|---:|---:|---:|")
         for kind in ("full", "delta"):
             print(

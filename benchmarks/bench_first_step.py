@@ -73,7 +73,7 @@ def child_by_hand(work: Path, size_gb: float) -> float:
 
 
 def age() -> float:
-    from recovery.run.cadence import process_age_s
+    from recovery.run.scheduling.cadence import process_age_s
 
     seconds = process_age_s()
     if seconds is None:

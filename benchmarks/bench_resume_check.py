@@ -31,8 +31,9 @@ from typing import Any
 from recovery.config import ResumeCheckConfig
 from recovery.integrity import seal
 from recovery.integrity.signing import Signer, TrustStore, generate_keypair
-from recovery.run import history, journal
-from recovery.run.selfcheck import ResumeCheck
+from recovery.run import journal
+from recovery.run.restoring import history
+from recovery.run.restoring.selfcheck import ResumeCheck
 from recovery.state.sampler import batch_digest
 
 

@@ -21,8 +21,9 @@ machine, in two short runs whose saves never overlap (each one waited for): a pe
 save's pause C and write W (one tier), and a local snapshot's pause C_local and write
 W_local and its promotion's write W_promote (two tiers). With MTBF = the run's compute
 time / ``--kills`` (the failure rate injected), :func:`choose` takes Young/Daly per tier
-(:func:`recovery.run.tiers.young_daly` and :func:`~recovery.run.tiers.plan`), each bounded
-below by what the tier sustains: an interval is never shorter than its write (a save or a
+(:func:`recovery.run.tiers.rules.young_daly` and
+:func:`~recovery.run.tiers.rules.plan`), each bounded below by what the tier sustains:
+an interval is never shorter than its write (a save or a
 snapshot cannot start before the previous one is written). The choice and its arithmetic
 are printed and recorded.
 
@@ -31,7 +32,7 @@ the killed process journaled, less the step its successor resumed at), the check
 pause over the whole run (the training thread's time in saves and snapshots, waits
 included, from the journal), and from process start to the first step of each resumed
 process. And the local tier's resume against the raw read of its bytes:
-``recovery.run.resume.load`` of the newest snapshot the last killed process left
+``recovery.run.restoring.choose.load`` of the newest snapshot the last killed process left
 (signature, every digest, decode) against reading its files into memory
 (``bench_tiers_resume.py``, which also measures each way of hashing on its own).
 """
@@ -143,12 +144,12 @@ def choose(cal: dict[str, float], mtbf_s: float, step_s: float, host_loss: float
     """Each layout's best intervals, in steps of ``step_s`` seconds, and why.
 
     One tier: T = max(sqrt(2 C MTBF), W), C the pause of a persistent save, W its write.
-    Two tiers, :func:`recovery.run.tiers.plan` (a share ``host_loss`` of the failures
+    Two tiers, :func:`recovery.run.tiers.rules.plan` (a share ``host_loss`` of the failures
     assumed to take the node; none of the injected ones do): T_local = max(sqrt(2 C_local
     MTBF / (1 - h)), W_local); T_persistent = max(sqrt(2 C MTBF / h), W_local +
     W_promote), rounded up to a multiple of T_local (a promoted step is a snapshot step).
     """
-    from recovery.run.tiers import plan, young_daly
+    from recovery.run.tiers.rules import plan, young_daly
 
     def steps(seconds: float) -> int:
         return max(1, round(seconds / step_s))

@@ -4,7 +4,7 @@
 
 One process writes a continuation checkpoint of ``--size-mb`` of float32 parameters into
 ``--shm`` (RAM, as a local snapshot is) with each option, then reads it back twice: its
-files into memory (the raw read), and ``recovery.run.resume.load`` (signature, every
+files into memory (the raw read), and ``recovery.run.restoring.choose.load`` (signature, every
 digest, decode). The options: ``checkpoint.hash`` sha256 or blake3; ``checkpoint.shard_mb``
 0 (one file per component) or a quarter of the state (four files, read and hashed on every
 core at once); and, for blake3, hashing each chunk with the ``blake3`` package's
@@ -31,14 +31,14 @@ from typing import Any
 def raw_and_verified(path: Path) -> tuple[float, float]:
     """Seconds to read the files of checkpoint ``path`` into memory, and to load it verified."""
     from recovery.integrity.signing import TrustStore
-    from recovery.run import resume
+    from recovery.run.restoring import choose
 
     began = time.perf_counter()
     for f in sorted(p for p in path.rglob("*") if p.is_file()):
         f.read_bytes()
     raw = time.perf_counter() - began
     began = time.perf_counter()
-    resume.load(path, TrustStore([]), allow_untrusted=True)
+    choose.load(path, TrustStore([]), allow_untrusted=True)
     return raw, time.perf_counter() - began
 
 

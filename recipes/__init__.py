@@ -109,7 +109,7 @@ def validate(cfg: DictConfig) -> None:
 def _validate_top(cfg: DictConfig) -> None:
     """The added keys, ``seed``, ``+resume``/``+init_from`` and the recipe's name."""
     from recovery.config import check_seed, did_you_mean, refuse
-    from recovery.run.resume import parse_spec
+    from recovery.run.restoring.choose import parse_spec
 
     for top in map(str, cfg):  # a project may add its own keys (+db.password=...)
         hint = did_you_mean(top, list(ADDED_KEYS))

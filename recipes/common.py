@@ -49,7 +49,7 @@ from recovery.provenance.purpose import PurposeSpec
 from recovery.run import policy, trackers
 from recovery.run.checkpointer import Checkpointer
 from recovery.run.journal import Journal
-from recovery.run.preemption import PreemptionGuard
+from recovery.run.scheduling.preemption import PreemptionGuard
 from recovery.run.trackers import TrackersConfig
 from recovery.run.watch import report
 from recovery.state.health import HealthMonitor, UpdateProbe

@@ -30,7 +30,7 @@ from recovery.config.checks import refuse
 from recovery.errors import ConfigError, ExportError
 from recovery.integrity import trust
 from recovery.parallel import sharded
-from recovery.run import resume
+from recovery.run.restoring import choose
 from recovery.tools import export
 
 log = logging.getLogger(__name__)
@@ -56,7 +56,7 @@ class ExportConfig:
             )
         if not str(self.out).strip():
             raise refuse("export.out", "must be a directory path, got an empty string", "artifacts")
-        resume.parse_spec(self.source, "export.source")
+        choose.parse_spec(self.source, "export.source")
 
 
 class Serving(nn.Module):
@@ -175,7 +175,7 @@ def run(cfg: DictConfig) -> int:
     run_dir = Path(ck.root) / run_cfg.name
     signer = trust.resolve_signer(signing_cfg, near=[run_dir], create_in=trust.PROJECT_DEV_KEY)
     keys = trust.resolve_trust(signing_cfg, signer)
-    source = resume.select(
+    source = choose.select(
         run_dir, ex.source, keys, allow_untrusted=signing_cfg.allow_untrusted, key="export.source"
     )
     if source is None:

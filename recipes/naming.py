@@ -17,7 +17,7 @@ from pathlib import Path
 from omegaconf import DictConfig, OmegaConf, open_dict
 
 from recovery.config import CheckpointConfig, RunConfig
-from recovery.run import scheduler
+from recovery.run.scheduling import slurm
 
 log = logging.getLogger(__name__)
 
@@ -85,15 +85,15 @@ def sweep_job_name(name: str, cfg: DictConfig | None = None) -> str:
     return f"{name}.sweep/{job}"
 
 
-def _job_name(run_cfg: RunConfig, ck: CheckpointConfig) -> tuple[scheduler.Job | None, str, bool]:
+def _job_name(run_cfg: RunConfig, ck: CheckpointConfig) -> tuple[slurm.Job | None, str, bool]:
     """The SLURM job (if any), the run's name as :func:`named` decides it, and whether
     ``run.name`` was set explicitly; nothing logged or written back."""
-    job = scheduler.detect(os.environ, ck.cluster.scheduler)
+    job = slurm.detect(os.environ, ck.cluster.scheduler)
     if job is None:
         return None, run_cfg.name, True
     given = any(o.lstrip("+~").startswith("run.name=") for o in hydra_overrides())
     explicit = given or run_cfg.name != RunConfig().name
-    return job, scheduler.run_name(run_cfg.name, job, explicit=explicit), explicit
+    return job, slurm.run_name(run_cfg.name, job, explicit=explicit), explicit
 
 
 def run_dir(cfg: DictConfig, run_cfg: RunConfig, ck: CheckpointConfig) -> Path:
@@ -111,7 +111,7 @@ def run_dir(cfg: DictConfig, run_cfg: RunConfig, ck: CheckpointConfig) -> Path:
 def named(cfg: DictConfig, run_cfg: RunConfig, ck: CheckpointConfig) -> RunConfig:
     """The run's name: under a SLURM job whose command line and config leave ``run.name``
     at its default, the job's (``slurm-<job id>``, ``slurm-<array job id>-<task id>``:
-    stable across requeues, :mod:`recovery.run.scheduler`), written back to ``cfg`` so the
+    stable across requeues, :mod:`recovery.run.scheduling.slurm`), written back to ``cfg`` so the
     recorded config and the Hydra log cleanup name it too; else ``run.name``."""
     job, name, explicit = _job_name(run_cfg, ck)
     if job is None:

@@ -42,8 +42,8 @@ if TYPE_CHECKING:  # the lazily imported names, for type checkers and IDEs
     from recovery.integrity.reader import read_verified
     from recovery.run.checkpointer import Checkpointer
     from recovery.run.journal import Journal
-    from recovery.run.preemption import PreemptionGuard
-    from recovery.run.resume import select
+    from recovery.run.restoring.choose import select
+    from recovery.run.scheduling.preemption import PreemptionGuard
     from recovery.run.trackers import MlflowConfig, TensorBoardConfig, TrackersConfig
     from recovery.run.trackers import attach as attach_trackers
     from recovery.state.health import HealthMonitor
@@ -63,8 +63,8 @@ _LAZY: dict[str, tuple[str, str]] = {
     "read_verified": ("recovery.integrity.reader", "read_verified"),
     "Checkpointer": ("recovery.run.checkpointer", "Checkpointer"),
     "Journal": ("recovery.run.journal", "Journal"),
-    "PreemptionGuard": ("recovery.run.preemption", "PreemptionGuard"),
-    "select": ("recovery.run.resume", "select"),
+    "PreemptionGuard": ("recovery.run.scheduling.preemption", "PreemptionGuard"),
+    "select": ("recovery.run.restoring.choose", "select"),
     "MlflowConfig": ("recovery.run.trackers", "MlflowConfig"),
     "TensorBoardConfig": ("recovery.run.trackers", "TensorBoardConfig"),
     "TrackersConfig": ("recovery.run.trackers", "TrackersConfig"),

@@ -10,7 +10,7 @@ and ``commit-<phase>-<N>`` inside the commit of step N's checkpoint, with phase
 ``write`` (a tensor file half written), ``before-manifest`` (all data files
 durable, manifest not yet written) and ``before-rename`` (manifest durable,
 directory not yet renamed) (``local-<phase>-<N>`` and ``promote-<phase>-<N>``: the same
-phases of a local-tier snapshot and of its promotion, :mod:`recovery.run.tiers`),
+phases of a local-tier snapshot and of its promotion, :mod:`recovery.run.tiers.rules`),
 ``rank-<R>-write-<N>`` and ``rank-<R>-sharded-<N>``
 (rank R of a distributed save has written its own files, or its DCP shards),
 ``dvc-register-<N>`` (the background DVC

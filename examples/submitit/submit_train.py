@@ -7,7 +7,7 @@ The job runs ``train.py +resume=latest`` in submitit's job process. submitit's
 preemption signal (SIGUSR2, 90 s before the time limit) and SLURM's SIGTERM are
 caught by train.py's preemption guard; it checkpoints at the next step boundary,
 and only then does submitit call ``checkpoint()`` and requeue the job, which resumes
-that checkpoint exactly (:class:`recovery.run.submitit.Requeueable`). train.py names
+that checkpoint exactly (:class:`recovery.run.scheduling.submitit.Requeueable`). train.py names
 the run after the SLURM job (``slurm-<job id>``), which a requeue keeps; leave
 ``checkpoint.cluster.requeue`` at ``never``: submitit requeues the job itself.
 """
@@ -21,7 +21,7 @@ from pathlib import Path
 
 import submitit
 
-from recovery.run.submitit import Requeueable, preemption_signal
+from recovery.run.scheduling.submitit import Requeueable, preemption_signal
 
 TRAIN = Path(__file__).resolve().parents[2] / "train.py"
 """The project's train.py (Hydra finds its conf/ beside it)."""

@@ -13,11 +13,11 @@ from recovery import errors
 from recovery.config import SigningConfig, parse_duration
 from recovery.integrity import trust
 from recovery.integrity.signing import TrustStore
-from recovery.run import checked
-from recovery.run.checked import signer_text as signer_text  # the commands import it here
+from recovery.run.restoring import checked
+from recovery.run.restoring.checked import signer_text as signer_text  # the commands import it here
 
 if TYPE_CHECKING:  # imported when a command loads tensors, not to list commands
-    from recovery.run import resume
+    from recovery.run.restoring import choose
 
 
 def emit(args: argparse.Namespace, data: Any, text: str) -> None:
@@ -105,14 +105,14 @@ def trust_of(args: argparse.Namespace) -> TrustStore:
     return trust.trust_store(paths)
 
 
-def load(args: argparse.Namespace, path: Path) -> resume.Loaded:
+def load(args: argparse.Namespace, path: Path) -> choose.Loaded:
     """Verify and decode ``path`` with the flags' trust settings."""
-    from recovery.run import resume  # torch: only a command that decodes tensors pays it
+    from recovery.run.restoring import choose  # torch: only a command that decodes tensors pays it
 
-    return resume.load(path, trust_of(args), allow_untrusted=args.allow_untrusted)
+    return choose.load(path, trust_of(args), allow_untrusted=args.allow_untrusted)
 
 
-def signer_of(loaded: resume.Loaded) -> dict[str, Any] | None:
+def signer_of(loaded: choose.Loaded) -> dict[str, Any] | None:
     """Who signed a verified artifact: key id, trust, dev key, where the key came from."""
     return checked.signer(loaded.manifest)
 

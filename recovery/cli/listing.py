@@ -32,7 +32,9 @@ from recovery.format.layout import (
     parse_step,
     scan,
 )
-from recovery.run import checked, journal, scheduler
+from recovery.run import journal
+from recovery.run.restoring import checked
+from recovery.run.scheduling import slurm
 from recovery.storage import tracking
 from recovery.tools.report.run import Story, story
 
@@ -158,7 +160,7 @@ def history_lines(st: Story) -> list[str]:
     each requeued start that began afresh (killed before its first checkpoint)."""
     lines = [
         f"resumed at step {r.step} from {r.name}: {r.checked}"
-        + (f"; {scheduler.describe(r.job)}" if r.job else "")
+        + (f"; {slurm.describe(r.job)}" if r.job else "")
         for r in st.resumes
     ]
     requeued = [id(j) for j in st.requeues]

@@ -6,7 +6,8 @@ import argparse
 from typing import Any
 
 from recovery.cli.common import duration, durations, emit
-from recovery.run import policy, tiers
+from recovery.run import policy
+from recovery.run.tiers import rules
 
 
 def cmd_plan(args: argparse.Namespace) -> int:
@@ -36,14 +37,14 @@ def cmd_plan(args: argparse.Namespace) -> int:
         )
     doc: dict[str, Any] = {"cost_s": cost, "mtbf_s": mtbf, "young_daly_s": best, "rows": rows}
     if args.local_cost is not None:
-        doc["tiers"] = two = tiers.plan(cost, args.local_cost, mtbf, args.host_loss)
+        doc["tiers"] = two = rules.plan(cost, args.local_cost, mtbf, args.host_loss)
         lines += _tiers(two, args.local_cost, args.host_loss)
     emit(args, doc, "\n".join(lines))
     return 0
 
 
 def _tiers(two: dict[str, float], local_cost: float, host_loss: float) -> list[str]:
-    """The one-tier against two-tier lines (:func:`recovery.run.tiers.plan`)."""
+    """The one-tier against two-tier lines (:func:`recovery.run.tiers.rules.plan`)."""
     rows = [
         ("interval", "one_tier_interval_s", None),
         ("lost/failure", "one_tier_loss_per_failure_s", "two_tier_loss_per_failure_s"),

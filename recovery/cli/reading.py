@@ -28,7 +28,7 @@ from recovery.cli.common import (
     trust_of,
 )
 from recovery.provenance import lineage
-from recovery.run import checked, selfcheck
+from recovery.run.restoring import checked, selfcheck
 
 if TYPE_CHECKING:  # audit's walk and index: imported by the audit command only
     from recovery.tools import audit
@@ -38,7 +38,7 @@ def cmd_verify(args: argparse.Namespace) -> int:
     size = size_of(Path(args.path))
     if size >= LARGE:  # a bar shows on a terminal (recovery.progress); a line elsewhere
         phase("verify", f"reading and hashing {human_size(size)} of {args.path}")
-    # every check of a resume's, no tensor decoded (recovery.run.checked): no torch
+    # every check of a resume's, no tensor decoded (recovery.run.restoring.checked): no torch
     loaded = checked.check(Path(args.path), trust_of(args), allow_untrusted=args.allow_untrusted)
     mf = loaded.manifest
     data: dict[str, Any] = {

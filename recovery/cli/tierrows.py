@@ -1,4 +1,4 @@
-"""``recovery ls``: the rows of a run's local tier (:mod:`recovery.run.tiers`), beside the
+"""``recovery ls``: the rows of a run's local tier (:mod:`recovery.run.tiers.rules`), beside the
 run directory's own.
 
 The local directory is the one the run's journal names in its last ``local_tier`` record
@@ -15,8 +15,9 @@ from pathlib import Path
 from typing import Any
 
 from recovery.format.layout import METRICS_FILE, scan
-from recovery.run import journal, tiers
-from recovery.run.tiers import PERSISTENT
+from recovery.run import journal
+from recovery.run.tiers import rules
+from recovery.run.tiers.rules import PERSISTENT
 
 __all__ = ["PERSISTENT", "local_dir", "local_rows"]
 
@@ -42,7 +43,7 @@ def local_rows(
         return []
     rows = []
     for step, path in scan(where).committed:
-        found = {"step": step, **row(path, args, trust), "tier": tiers.LOCAL, "dvc": "-"}
+        found = {"step": step, **row(path, args, trust), "tier": rules.LOCAL, "dvc": "-"}
         if found.get("verified"):
             found["summary"] = "ok, local snapshot (RAM of this node, not durable)"
         rows.append(found)

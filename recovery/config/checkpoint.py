@@ -64,7 +64,7 @@ class DifferentialConfig:
 @dataclass(kw_only=True)
 class LocalConfig:
     """``checkpoint.local``: the local tier, snapshots in node-local RAM between the
-    persistent checkpoints (:mod:`recovery.run.tiers`)."""
+    persistent checkpoints (:mod:`recovery.run.tiers.rules`)."""
 
     every_steps: int = 0
     """Snapshot into ``root`` every this many optimizer steps; 0: no local tier. Every
@@ -112,7 +112,7 @@ TIMING_KEYS = ("time", "dt", "elapsed", "wall", "wall_s", "step_time", "duration
 @dataclass(kw_only=True)
 class ResumeCheckConfig:
     """``checkpoint.resume_check``: each resume's redone steps against the record of the run
-    that died (:mod:`recovery.run.selfcheck`)."""
+    that died (:mod:`recovery.run.restoring.selfcheck`)."""
 
     enabled: bool = True
     """Compare the redone steps (it reads nothing the resume does not read already)."""
@@ -173,7 +173,7 @@ class CheckpointConfig:
     ExitCode`` retries only 128 to 255: set e.g. 143 there."""
     cluster: ClusterConfig = field(default_factory=ClusterConfig)
     """The batch scheduler the run is under: its job names the run, each start is
-    journaled, and the run may requeue its own job (:mod:`recovery.run.scheduler`)."""
+    journaled, and the run may requeue its own job (:mod:`recovery.run.scheduling.slurm`)."""
     dvc: DvcConfig = field(default_factory=DvcConfig)
     """DVC tracking of committed checkpoints."""
     keep_best: bool = False

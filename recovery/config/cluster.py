@@ -14,7 +14,7 @@ REQUEUES = ("never", "time_limit", "always")
 
 @dataclass(kw_only=True)
 class ClusterConfig:
-    """The batch scheduler (SLURM) a run is under (:mod:`recovery.run.scheduler`)."""
+    """The batch scheduler (SLURM) a run is under (:mod:`recovery.run.scheduling.slurm`)."""
 
     scheduler: str = "auto"
     """``auto``: SLURM when the process runs in a SLURM job (``SLURM_JOB_ID`` is set);

@@ -5,7 +5,7 @@ as ``{"__tensor__": key}`` references into the component's tensor file,
 :mod:`recovery.format.codec`), a delta's record of patched tables, and the
 metadata saved beside (run id, metrics, ...). The decoder
 (:func:`recovery.state.snapshot.decode`) and the hash-only verification of
-``recovery ls`` and ``recovery verify`` (:func:`recovery.run.resume.check`)
+``recovery ls`` and ``recovery verify`` (:func:`recovery.run.restoring.choose.check`)
 both parse and check it here.
 """
 

@@ -7,7 +7,7 @@ tensor file (or its shard index and shards, each shard holding exactly the
 tensors its index says), a delta's patched tables (their stored rows and values
 present, dtypes and shapes that fit the base's table, no stray rows), and every
 ``{"__tensor__": key}`` of a component's skeleton present. Used by
-:func:`recovery.run.resume.check`, the hash-only verification of ``recovery ls``
+:func:`recovery.run.restoring.choose.check`, the hash-only verification of ``recovery ls``
 and ``recovery verify``. Not checked without decoding: the values of a delta's
 row indexes (ascending, in range), which only the decoder reads.
 """

@@ -8,7 +8,7 @@ only its header's bytes (:func:`recovery.format.safeheader.read_hashed`), a
 JSON or YAML document its verified bytes, anything else (a DCP shard, an
 exported program) nothing. So the header :meth:`Checked.header` parses, and
 each document, are the very bytes that were hashed. ``recovery ls`` and
-``recovery verify`` verify through this (:func:`recovery.run.resume.check`);
+``recovery verify`` verify through this (:func:`recovery.run.restoring.choose.check`);
 resuming reads the bytes it decodes through ``read_verified``.
 """
 

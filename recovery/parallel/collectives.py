@@ -4,7 +4,7 @@ The save protocol (:mod:`recovery.parallel.multirank`) needs four collectives:
 agree that every rank succeeded, broadcast an int and a short text from rank
 0, and gather a text from every rank. On the training thread they run over
 the job's default group (:data:`WORLD`, :mod:`recovery.parallel.world`). A
-save written in the background (:class:`recovery.run.savers.RanksBackground`) runs
+save written in the background (:class:`recovery.run.writing.strategies.RanksBackground`) runs
 them over a gloo :class:`Group` created for it, so that its collectives
 never interleave with the training thread's (DDP's all-reduces, FSDP2's
 all-gathers, the per-step save decision): two threads issuing collectives on

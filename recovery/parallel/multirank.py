@@ -256,8 +256,9 @@ def check_supported(
 ) -> None:
     """Refuse the options the distributed protocol does not implement yet, by name.
 
-    ``async_save`` is accepted either way (:class:`~recovery.run.savers.RanksBackground`);
-    it stays a parameter so the callers need not change when an option joins or leaves.
+    ``async_save`` is accepted either way
+    (:class:`~recovery.run.writing.strategies.RanksBackground`); it stays a parameter so the
+    callers need not change when an option joins or leaves.
     """
     if not world.distributed:
         return

@@ -4,7 +4,7 @@ The bytes travel as they are on disk (uint8 tensors: gloo carries tensors, never
 object) and land in a temp directory that is renamed into place once every file is
 written, so a receiver killed part-way leaves only a temp name (removed at the next
 start). Nothing is verified on receipt: a copy is verified, signature and every digest,
-when a resume reads it, as any snapshot is (:func:`recovery.run.resume.load`).
+when a resume reads it, as any snapshot is (:func:`recovery.run.restoring.choose.load`).
 """
 
 from __future__ import annotations

@@ -1,63 +1,66 @@
-"""The checkpoint lifecycle of one run: restore, should-save, snapshot, commit, retain.
+"""The checkpointer: one run's checkpoints, from its start to its end, as one object.
 
-The checkpointer owns a run directory (one writer at a time) and its identity
-(run id, lineage, the link to the previous artifact), and decides: when to
-save (cadence, milestones, preemption), what a save is (a
-:class:`~recovery.run.job.SaveJob`) and what follows a commit (link, best copy,
-retention, cost record, DVC). *Where* a save runs is :mod:`recovery.run.savers`;
-*how* bytes reach the disk, :mod:`recovery.integrity.commit`; *what* the state
-is, :class:`~recovery.state.registry.TrainState`; how a run begins (its
-restoring half), :class:`~recovery.run.restoring.Restoring`; what follows a commit
-and how it ends, :class:`~recovery.run.ending.Ending` (with a local tier,
-:class:`~recovery.run.tiered.Tiered`).
+:class:`Checkpointer` is a facade over parts that each do one thing, built here
+from the config and handed what they need: :class:`~recovery.run.restoring.restorer.Restorer`
+begins the run (choose, verify, load, self-check);
+:class:`~recovery.run.saving.saves.Saves` takes each step's decision and writes
+through the local tier (:mod:`recovery.run.tiers`) or the save strategy
+(:mod:`recovery.run.writing.strategies`);
+:class:`~recovery.run.saving.aftercommit.AfterCommit` does what follows a commit;
+:class:`~recovery.run.scheduling.batchjob.BatchJob` journals the scheduler job and
+requeues it. They share one :class:`~recovery.run.status.RunStatus`.
+``docs/dev/layout.md`` draws the save and resume paths through them.
 """
 
 from __future__ import annotations
 
+import contextlib
 import logging
 import os
 import time
 import uuid
-from collections.abc import Callable, Mapping
+from collections.abc import Mapping
 from pathlib import Path
-from typing import Any
+from types import TracebackType
+from typing import Any, Self
 
 import yaml
 
-from recovery import console, faults
-from recovery.config import CheckpointConfig, HealthConfig, SigningConfig
-from recovery.errors import CommitError, Preempted, PurposeError
-from recovery.format.layout import WARM_START_DIR, step_dir_name
+from recovery import console
+from recovery.config import CheckpointConfig, HealthConfig, SigningConfig, parse_duration
+from recovery.errors import RecoveryError
+from recovery.format.layout import METRICS_FILE
 from recovery.integrity import trust as keys
-from recovery.integrity.lock import RunLock
 from recovery.integrity.reaping import Reaper
 from recovery.integrity.signing import Signer, TrustStore
 from recovery.parallel import multirank
 from recovery.parallel import world as distributed
 from recovery.parallel.world import World
 from recovery.provenance import capture as prov
-from recovery.provenance import purpose
 from recovery.provenance.purpose import BUILTIN, PurposeSpec
 from recovery.provenance.recordable import recordable
-from recovery.run import cadence, retention, savers, tiers
-from recovery.run import job as job_mod
-from recovery.run import restore as begin
-from recovery.run.cadence import Cadence
-from recovery.run.differential import Differential, Plan
-from recovery.run.job import SaveJob
+from recovery.run import exits
 from recovery.run.journal import Journal
-from recovery.run.localtier import LocalTier
-from recovery.run.preemption import PreemptionGuard, agreed
-from recovery.run.restoring import defaults
-from recovery.run.tiered import Tiered
-from recovery.state import wrapping
-from recovery.state.registry import MODEL, TrainState
+from recovery.run.restoring.restorer import Restorer
+from recovery.run.saving.aftercommit import AfterCommit
+from recovery.run.saving.saves import Metrics, Saves
+from recovery.run.scheduling import slurm
+from recovery.run.scheduling.batchjob import BatchJob
+from recovery.run.scheduling.cadence import Cadence
+from recovery.run.scheduling.preemption import PreemptionGuard
+from recovery.run.status import Identity, RunStatus, Trust
+from recovery.run.tiers import rules
+from recovery.run.tiers.localtier import LocalTier
+from recovery.run.writing import job as job_mod
+from recovery.run.writing import strategies
+from recovery.run.writing.differential import Differential
+from recovery.state.registry import TrainState
 from recovery.storage import gitignored, tracking
 
 log = logging.getLogger(__name__)
 
 
-class Checkpointer(Tiered):
+class Checkpointer:
     """Saves and restores one run's :class:`TrainState`, signed, with provenance and lineage.
 
     Args:
@@ -122,45 +125,48 @@ class Checkpointer(Tiered):
             differential=cfg.differential.enabled,
         )
         if cfg.local.enabled:
-            tiers.check_supported(differential=cfg.differential.enabled)
-        self.world = world
-        self.seed = seed
+            rules.check_supported(differential=cfg.differential.enabled)
         self.cfg = cfg
+        self.world = world
         self.run_dir = run_dir = Path(run_dir)
         self.root = run_dir.parent
-        signer = signer if signer is not None else keys.resolve_signer(SigningConfig())
-        self.signer = signer
-        self.trust = trust if trust is not None else keys.resolve_trust(SigningConfig(), signer)
-        self.allow_untrusted = allow_untrusted
+        self.signer = signer = (
+            signer if signer is not None else keys.resolve_signer(SigningConfig())
+        )
+        trust = trust if trust is not None else keys.resolve_trust(SigningConfig(), signer)
+        self.trust = Trust(trust, trust.with_signer(signer), allow_untrusted)
+        """Whose artifacts load, and whose seals on the journal's steering events are
+        believed: the trust store and this writer's own key (:mod:`recovery.integrity.seal`)."""
         self.config = recordable(config)
         self.provenance = provenance if provenance is not None else prov.capture(config=self.config)
-        self.carried = job_mod.Carried(
-            provenance=self.provenance,
-            config_yaml=yaml.safe_dump(self.config, sort_keys=False),
-            model_config=model_config,
-            world_size=world.size,
-        )
-        self.purposes = dict(purposes or BUILTIN)
-        self.journal, self.preemption, self._health, self._owned = defaults(
+        self.journal, self.preemption, health, owned = _defaults(
             cfg, run_dir, world, journal=journal, preemption=preemption, health=health
         )
-        self.events_trust = self.trust.with_signer(signer)
-        """Whose seals on the journal's steering events are believed: the trust store and
-        this writer's own key (:mod:`recovery.integrity.seal`)."""
-        self.journal.seal_with(signer, self.events_trust)
-        self._watch = None
-        self.identity = begin.Identity(run_id=uuid.uuid4().hex, lineage=[])
-        """The run's id, lineage and links; a restore replaces it."""
-        self.last_saved: int | None = None
+        self.journal.seal_with(signer, self.trust.events)
+        self._owns_journal = owned[0]
+        self.status = RunStatus(Identity(run_id=uuid.uuid4().hex, lineage=[]))
+        """The run's identity and progress, shared by the parts below; a restore replaces
+        the identity."""
         self.cadence = Cadence(cfg, final_step=final_step)
-        self.differential = Differential(cfg.differential)
-        """Which save is a full base and which a delta (``checkpoint.differential``)."""
-        self._saver = savers.choose(
+        self.publisher = self._publisher()
+        self._reaper = Reaper()
+        committed = AfterCommit(
+            cfg,
+            run_dir,
+            status=self.status,
+            cadence=self.cadence,
+            journal=self.journal,
+            signer_id=signer.key_id,
+            trust=self.trust,
+            publisher=self.publisher,
+            reaper=self._reaper,
+        )
+        saver = strategies.choose(
             async_save=cfg.async_save,
             world=world,
             strategy=strategy,
             signer=signer,
-            committed=self._committed,
+            committed=committed,
         )
         self.local = (
             LocalTier(
@@ -168,39 +174,180 @@ class Checkpointer(Tiered):
                 run_dir,
                 rank=world.rank,
                 signer=signer,
-                committed=self._committed,
-                event=self._event,
+                committed=committed,
+                event=self.journal.write,
                 async_save=cfg.async_save,
                 world=world,
-                ranks=self._saver if isinstance(self._saver, savers.Ranks) else None,
+                ranks=saver if isinstance(saver, strategies.Ranks) else None,
             )
             if cfg.local.enabled
             else None
         )
         """The local tier (``checkpoint.local``), or ``None``: :mod:`recovery.run.tiers`."""
-        repo = tracking.find_repo(run_dir) if cfg.dvc.enabled and world.leader else None
+        differential = Differential(cfg.differential)
+        guard = self.preemption if owned[1] else None  # installed and uninstalled here
+        purposes = dict(purposes or BUILTIN)
+        self._restorer = Restorer(
+            cfg,
+            run_dir,
+            status=self.status,
+            journal=self.journal,
+            trust=self.trust,
+            world=world,
+            seed=seed,
+            provenance=self.provenance,
+            config=self.config,
+            purposes=purposes,
+            local=self.local,
+            differential=differential,
+            final_step=final_step,
+            health=health,
+            guard=guard,
+        )
+        self._saves = Saves(
+            cfg,
+            run_dir,
+            status=self.status,
+            cadence=self.cadence,
+            differential=differential,
+            strategy=saver,
+            local=self.local,
+            guard=self.preemption,
+            journal=self.journal,
+            signer=signer,
+            committed=committed,
+            purposes=purposes,
+            carried=job_mod.Carried(
+                provenance=self.provenance,
+                config_yaml=yaml.safe_dump(self.config, sort_keys=False),
+                model_config=model_config,
+                world_size=world.size,
+            ),
+            watch=lambda: self._restorer.watch,
+        )
+        self._batch = BatchJob(
+            cfg.cluster,
+            cfg.preempt_signals,
+            run_dir=run_dir,
+            journal=self.journal,
+            journal_path=self._restorer.journal_path,
+            world=world,
+            final_step=final_step,
+        )
+        self._created = time.perf_counter()
+        self._closed = False
+
+    def _publisher(self) -> tracking.Publisher | None:
+        """DVC's tracking of each commit (``checkpoint.dvc``; rank 0, in a DVC repository,
+        a run directory git does not ignore)."""
+        cfg, run_dir = self.cfg, self.run_dir
+        repo = tracking.find_repo(run_dir) if cfg.dvc.enabled and self.world.leader else None
         if repo is not None and (why := gitignored.git_ignored(repo, run_dir)):
             log.warning("%s", gitignored.not_registered(run_dir, why))  # once, not per checkpoint
             repo = None
-        self.publisher = (
-            tracking.Publisher(repo, push=cfg.dvc.push, remote=cfg.dvc.remote) if repo else None
-        )
-        self._first_step = True
-        self._reaper = Reaper()
-        self._lock: RunLock | None = None
-        self._created = time.perf_counter()
-        self.pause_s = 0.0
+        if repo is None:
+            return None
+        return tracking.Publisher(repo, push=cfg.dvc.push, remote=cfg.dvc.remote)
+
+    # -- the run's identity and progress ---------------------------------------------
+
+    @property
+    def identity(self) -> Identity:
+        """The run's id, lineage and links (a restore replaces it)."""
+        return self.status.identity
+
+    @property
+    def run_id(self) -> str:
+        """The run's id (kept across resumes; new for a fresh or warm-started run)."""
+        return self.status.identity.run_id
+
+    @property
+    def resumed_from(self) -> Path | None:
+        """The checkpoint this process resumed from, if it did."""
+        return self.status.identity.resumed_from
+
+    @property
+    def last_saved(self) -> int | None:
+        """The newest step saved (committed or still being written), or resumed from."""
+        return self.status.last_saved
+
+    @property
+    def persisted(self) -> int | None:
+        """The step of the newest checkpoint committed in the run directory (or resumed from
+        there): not a save merely submitted."""
+        return self.status.persisted
+
+    @property
+    def pause_s(self) -> float:
         """Time the training thread spent on checkpoints (sync saves, async pauses and waits)."""
+        return self.status.pause_s
 
-    # -- save ------------------------------------------------------------------
+    @property
+    def job(self) -> slurm.Job | None:
+        """This process's scheduler job (``None``: none, or ``checkpoint.cluster.scheduler=none``).
 
-    def maybe_save(
+        Raises:
+            ConfigError: ``checkpoint.cluster.scheduler=slurm`` outside a SLURM job.
+        """
+        return self._batch.job
+
+    # -- restore ----------------------------------------------------------------------
+
+    def restore(
         self,
         state: TrainState,
-        step: int,
+        resume_spec: object | None = None,
         *,
-        metrics: dict[str, Any] | Callable[[], dict[str, Any]] | None = None,
-    ) -> Path | None:
+        init_from: object | None = None,
+    ) -> int:
+        """Restore ``state`` as asked; return the step to start from.
+
+        - ``resume_spec`` (``+resume=``): continue this run from that checkpoint.
+          With ``latest`` and nothing to resume, fall through to ``init_from`` or
+          a fresh start, so a requeued command line works at every stage.
+        - ``init_from`` (``+init_from=``): a new run whose model weights come from
+          a continuation or warm-start artifact; optimizer, schedule, sampler and
+          step start fresh.
+        - neither: a fresh run; the run directory must not hold checkpoints.
+
+        Before anything is touched the state must meet the continuation contract
+        (declared absences accepted); after, the registration cautions are journaled,
+        the run is watched and (by default) preemption signals are caught. Under a
+        scheduler job, rank 0 journals the ``job`` event last.
+
+        Raises:
+            ConfigError: ``checkpoint.cluster.scheduler=slurm`` outside a SLURM job, or
+                a second run in the same job instance would resume the first's
+                finished run (both before anything is touched).
+            PurposeError: ``state`` neither registers nor declares absent a piece the
+                continuation contract requires (ConfigError: a declaration is refused).
+            RunDirLockedError: another process is writing the run directory.
+            RunDirInUseError: a fresh or warm-started run into a directory holding checkpoints.
+            CheckpointNotFoundError, VerificationError, FormatError: a named artifact
+                is absent, damaged or untrusted.
+            ForeignCheckpointError: ``latest`` found only another run's checkpoints.
+            PurposeError: the artifact cannot serve the use.
+            DriftError: ``checkpoint.strict_resume`` and something changed (RollbackError:
+                the newest checkpoint the run committed is gone).
+            IncompatibleStateError: it does not fit ``state``; nothing was changed.
+        """
+        self._batch.starting()
+        step = self._restorer.restore(state, resume_spec, init_from)
+        self._batch.started(step)
+        return step
+
+    def record(self, step: int, **fields: Any) -> None:
+        """Write the per-step record of optimizer step ``step`` to the run's journal.
+
+        ``fields``: ``loss=`` (what the resume health monitor judges), ``epoch=``,
+        ``batch=``, ...; ``lr`` (the rate the step used) and ``update`` (the health
+        probe's update size) are added when the checkpointer measured them.
+        """
+        self.journal.step(step, **fields)
+
+    # -- save -------------------------------------------------------------------------
+
+    def maybe_save(self, state: TrainState, step: int, *, metrics: Metrics = None) -> Path | None:
         """Call after every optimizer step: save if due; return the checkpoint's path or ``None``.
 
         ``metrics`` may be a callable, evaluated only when a checkpoint is written
@@ -213,54 +360,7 @@ class Checkpointer(Tiered):
             CommitError: a background save failed (raised at the first step after it did).
             Preempted: a preemption signal arrived; a checkpoint of ``step`` is committed.
         """
-        if self._first_step:
-            self._first_step = False
-            self._event(cadence.first_step(step, resumed=self.resumed_from is not None))
-        every = self.cfg.warm_start_every
-        milestone = every > 0 and step % every == 0
-        preempt = self.preemption is not None and self.preemption.requested is not None
-        # every rank must take the same decisions (whether to save, whether a background
-        # save failed somewhere): one collective a step (a no-op for one process)
-        failed, running = self._saver.status()
-        # a snapshot still written skips the one due: on every rank alike (peer replicas)
-        busy = self.local is not None and self.local.due(step) and self.local.busy()
-        broken = self.local is not None and self.local.failed()
-        preempt, due, failed, running, busy, broken = distributed.any_of(
-            preempt, self.cadence.due(step), failed, running, busy, broken
-        )
-        self._saver.settle(failed=failed, running=running)
-        path = None
-        if self.local is not None:
-            if broken:  # a snapshot's, a promotion's or a copy's failure: on every rank
-                self.local.raise_if_failed()
-                raise CommitError(
-                    f"step {step}: another rank's local snapshot or its copy to a peer "
-                    "failed (that rank's log says why); the job stops on every rank. "
-                    "Requeue it: it resumes from the newest step that verifies.",
-                    path=self.local.dir,
-                )
-            if self.local.due(step) and not (preempt or due):
-                if busy:
-                    self.local.skipped += 1
-                else:
-                    self._snapshot(state, step)
-        if preempt or milestone or due:
-            values = self._metrics(metrics, step)
-            if preempt:
-                self._preempt(state, step, values)
-            if milestone:
-                self.save_warm_start(state, step, metrics=values)
-            if due:
-                path = self.save(state, step, metrics=values)
-        faults.reach(f"step-{step}")  # after the step and its save: where a drill kills
-        return path
-
-    def _metrics(
-        self, metrics: dict[str, Any] | Callable[[], dict[str, Any]] | None, step: int
-    ) -> dict[str, Any] | None:
-        if not callable(metrics):
-            return metrics
-        return self._watch.evaluate(metrics, step) if self._watch is not None else metrics()
+        return self._saves.maybe_save(state, step, metrics=metrics)
 
     def save(
         self,
@@ -272,7 +372,7 @@ class Checkpointer(Tiered):
     ) -> Path:
         """Snapshot ``state`` at ``step`` as a continuation checkpoint; commit; retain.
 
-        Where it is written was chosen at construction (:mod:`recovery.run.savers`):
+        Where it is written was chosen at construction (:mod:`recovery.run.writing.strategies`):
         with ``checkpoint.async`` (and not ``sync``) the state is copied into the
         staging buffers and the rest happens on the background thread; the path
         is returned before it is committed (:meth:`flush` waits).
@@ -281,107 +381,131 @@ class Checkpointer(Tiered):
             PurposeError: ``state`` lacks what a continuation checkpoint requires.
             CommitError: this (sync) or the previous (async) save failed.
         """
-        retention.check_metric(self.cfg, metrics)  # before the step counts as saved
-        final = self.run_dir / step_dir_name(step)
-        self.cadence.saved(step)
-        waited = self._saver.wait() + (self.local.wait() if self.local is not None else 0.0)
-        self.pause_s += waited
-        job = self._job(
-            final,
-            step,
-            purpose.CONTINUATION,
-            metrics,
-            expect=state.expectations(step),
-            absent=state.absent,
-            differential=self.differential.plan(),
-        )
-        # promoted from its local snapshot (under torchrun, every rank's: collectively)
-        if self.local is not None and not sync:
-            self.pause_s += self.local.save(job, state, waited=waited)
-        else:
-            self.pause_s += self._saver.save(job, state, waited=waited, sync=sync)
-        self.last_saved = step
-        if self._watch is not None:  # what must not change before the next optimizer step
-            self._watch.saved(step)
-        return final
-
-    def _snapshot(self, state: TrainState, step: int) -> None:
-        """A local-tier snapshot of ``step`` (not a persistent checkpoint)."""
-        assert self.local is not None
-        job = self._job(
-            self.run_dir / step_dir_name(step),
-            step,
-            purpose.CONTINUATION,
-            None,
-            expect=state.expectations(step),
-            absent=state.absent,
-        )
-        self.pause_s += self.local.snapshot(job, state)
-        if self._watch is not None:  # what must not change before the next optimizer step
-            self._watch.saved(step)
+        return self._saves.save(state, step, metrics=metrics, sync=sync)
 
     def save_warm_start(
         self, state: TrainState, step: int, *, metrics: dict[str, Any] | None = None
     ) -> Path:
         """Write a warm-start artifact (weights + model config) under ``warm_start/``, now."""
-        model = state.components.get(MODEL)
-        if model is None:
-            raise PurposeError("warm-start artifacts need a registered 'model'", missing=[MODEL])
-        final = self.run_dir / WARM_START_DIR / step_dir_name(step)
-        final.parent.mkdir(exist_ok=True)
-        job = self._job(final, step, purpose.WARM_START, metrics, chained=False)
-        # inline whatever the strategy: a milestone copy is rare, and must not wait its turn
-        weights = {MODEL: wrapping.canonical(model.state_dict())}
-        savers.Inline(self.signer, self._committed).write_tree(job, weights)
-        return final
+        return self._saves.save_warm_start(state, step, metrics=metrics)
 
-    def _job(
+    def flush(self) -> None:
+        """Wait until the save or promotion in flight (if any) is committed, and the
+        checkpoints retention retired are deleted.
+
+        Raises:
+            CommitError: it failed.
+        """
+        try:
+            self._saves.flush()
+        finally:
+            self._reaper.close()
+
+    # -- the end ----------------------------------------------------------------------
+
+    def close(self) -> None:
+        """Finish the writes in flight, record the run's costs, release what the run held.
+
+        Also judges a resume-health window the run ended inside, stops watching,
+        uninstalls the preemption guard and closes the journal, where the
+        checkpointer made them. Once: a second call does nothing.
+
+        Raises:
+            CommitError: the last background save or promotion failed.
+        """
+        if self._closed:  # once: a with-block closes what an explicit close() closed
+            return
+        self._closed = True
+        failed = True
+        try:
+            self._saves.close()
+            failed = False
+        finally:
+            self._reaper.close()  # retired directories fully deleted before the run ends
+            self._restorer.release()
+            if self.publisher is not None:
+                self.publisher.close(parse_duration(self.cfg.dvc.close_timeout))
+            summary = self.cadence.summary(time.perf_counter() - self._created, self.pause_s)
+            # the saver's error is the run's: a summary the same full disk refuses must not
+            # replace it
+            with contextlib.suppress(*((RecoveryError, OSError) if failed else ())):
+                self.journal.write(summary)
+            if self._owns_journal:
+                self.journal.close()
+
+    @property
+    def closed(self) -> bool:
+        """Whether :meth:`close` ran."""
+        return self._closed
+
+    def requeue_after(self, err: BaseException | None) -> bool:
+        """After ``err`` ended the run: when it is a checkpointed preemption that
+        ``checkpoint.cluster.requeue`` requeues, requeue this job (rank 0, once); call it
+        after :meth:`close` and after the journal is closed (``scontrol requeue`` sends
+        this process SIGTERM, which it ignores from then on). ``True``: requeued."""
+        return self._batch.requeue_after(err)
+
+    def __enter__(self) -> Self:
+        return self
+
+    def __exit__(
         self,
-        final: Path,
-        step: int,
-        purpose_name: str,
-        metrics: dict[str, Any] | None,
-        *,
-        expect: dict[str, Any] | None = None,
-        chained: bool = True,
-        absent: dict[str, str] | None = None,
-        differential: Plan | None = None,
-    ) -> SaveJob:
-        return job_mod.build(
-            final,
-            step,
-            purpose_name=purpose_name,
-            requires=self.purposes[purpose_name].requires,
-            identity=self.identity,
-            carried=self.carried,
-            metrics=metrics,
-            interval=self.cadence.describe(),
-            expect=expect,
-            chained=chained,
-            absent=absent,
-            shard_bytes=self.cfg.shard_bytes,
-            hash_type=self.cfg.hash,
-            differential=differential,
-        )
+        kind: type[BaseException] | None,
+        err: BaseException | None,
+        tb: TracebackType | None,
+    ) -> None:
+        """Close; a library error leaving the block ends the process with its exit code and
+        one line (:class:`~recovery.errors.Preempted`: ``checkpoint.preempt_exit_code``; with
+        ``checkpoint.cluster.requeue`` the SLURM job is requeued first); anything else
+        propagates."""
+        try:
+            self.close()
+        except RecoveryError as failed:  # the last background save failed
+            if not isinstance(err, RecoveryError):
+                err = failed
+        if isinstance(err, RecoveryError):
+            code = exits.report(err)
+            self.requeue_after(err)  # closed: the journal has its last record
+            raise SystemExit(code) from err
 
-    def _preempt(self, state: TrainState, step: int, metrics: dict[str, Any] | None) -> None:
-        # under torchrun the ranks may not all have their signal yet, or not the same one:
-        # they agree on it (the time limit's if any rank has it), and each joins it
-        requested = self.preemption.requested if self.preemption is not None else None
-        name = agreed(distributed.gather_text(requested or ""), self.cfg.cluster.time_limit_signal)
-        if name is not None and self.preemption is not None:
-            self.preemption.join(name)
-        signal_name = name or "a peer rank's preemption"
-        if self.last_saved != step:
-            self.save(state, step, metrics=metrics, sync=True)
-        else:  # that step's save, or its promotion, committed before it is said to be
-            self.pause_s += self._saver.wait() + (self.local.wait() if self.local else 0.0)
-        self._event({"event": "preempted", "signal": signal_name, "step": step})
-        raise Preempted(
-            f"{signal_name}: checkpointed step {step} in {self.run_dir}; "
-            "requeue the same command (train.py: with +resume=latest)",
-            step=step,
-            signal_name=signal_name,
-            path=self.run_dir / step_dir_name(step),
-            exit_status=self.cfg.preempt_exit_code,
-        )
+    def exit_on_error(self) -> None:
+        """For a loop at module level, without a with-block: from now on an uncaught library
+        error (:class:`~recovery.errors.Preempted` included) closes this checkpointer, prints
+        one line and ends the process with its exit code, as the with-block does. Other
+        exceptions keep Python's own handling. Call it on the main thread.
+        """
+        exits.install_hook(self.close, self.requeue_after)
+
+
+def _defaults(
+    cfg: CheckpointConfig,
+    run_dir: Path,
+    world: World,
+    *,
+    journal: Journal | None,
+    preemption: PreemptionGuard | bool | None,
+    health: HealthConfig | bool | None,
+) -> tuple[Journal, PreemptionGuard | None, HealthConfig | None, tuple[bool, bool]]:
+    """The checkpointer's journal, preemption guard and health settings, defaults filled in.
+
+    - ``journal=None``: ``<run_dir>/metrics.jsonl`` (rank 0; other ranks discard).
+    - ``preemption=None`` or ``True``: a guard for ``cfg.preempt_signals`` (SIGTERM,
+      SIGUSR1), installed by ``restore`` on the main thread, uninstalled by ``close``;
+      ``False``: none; a guard: used as given (its owner installs it).
+    - ``health=None`` or ``True``: :class:`~recovery.config.HealthConfig` defaults;
+      ``False``: no monitor of the checkpointer's own.
+
+    Returns:
+        The journal, the guard, the health settings, and which of journal and guard it made.
+    """
+    made_journal = journal is None
+    if journal is None:
+        journal = Journal(run_dir / METRICS_FILE if world.leader else None)
+    made_guard = preemption is None or preemption is True
+    guard = preemption if isinstance(preemption, PreemptionGuard) else None
+    if made_guard:
+        guard = PreemptionGuard(cfg.preempt_signals)
+    settings = health if isinstance(health, HealthConfig) else None
+    if health is None or health is True:
+        settings = HealthConfig()
+    return journal, guard, settings, (made_journal, made_guard)

@@ -39,7 +39,7 @@ from recovery.format.manifest import Manifest
 from recovery.integrity import chain
 from recovery.integrity.signing import TrustStore
 from recovery.provenance.lineage import PROMOTED_FROM
-from recovery.run import checked
+from recovery.run.restoring import checked
 from recovery.tools.audit_index import (
     Index,
     abandoned_of,
@@ -112,7 +112,7 @@ class Link:
     checkpoints signed it (``status``, ``compared``, ``identical``, ``first``)."""
     tier: str | None = None
     """On a resume link: ``local`` when the resume read a local-tier snapshot (RAM,
-    :mod:`recovery.run.tiers`); the link is then its persistent copy, the same digest (under
+    :mod:`recovery.run.tiers.rules`); the link is then its persistent copy, the same digest (under
     ``torchrun``: the checkpoint promoted from it, ``promoted_from``)."""
     promoted_from: str | None = None
     """The digest the lineage recorded when it is not this checkpoint's own: the local

@@ -60,7 +60,7 @@ MAX_WARNINGS = 20
 """Skipped entries warned about one line each; the rest are counted in one summary line."""
 
 _BRANCH = re.compile(r"^from-\d{8,}-\d{8}T\d{6}$")
-"""The name :func:`recovery.run.branches.branch_name` gives a branch's directory."""
+"""The name :func:`recovery.run.restoring.branches.branch_name` gives a branch's directory."""
 
 # where a directory lies relative to a run's abandoned/ (such levels cost no depth)
 _OUTSIDE, _IN_ABANDONED, _IN_BRANCH = 0, 1, 2
@@ -89,8 +89,8 @@ def run_dir_of(path: Path) -> Path:
 
 def abandoned_of(path: Path) -> dict[str, str] | None:
     """``{"branch": ..., "run_dir": ...}`` when ``path`` is ``<run>/abandoned/<branch>/step-N``
-    (``<branch>`` named as :mod:`recovery.run.branches` names it), the checkpoint moved out
-    of ``<run>`` when the run resumed from an earlier step; ``None`` for any other path.
+    (``<branch>`` named as :mod:`recovery.run.restoring.branches` names it), the checkpoint
+    moved out of ``<run>`` when the run resumed from an earlier step; ``None`` for any other path.
 
     Read from the (absolute, unresolved) path alone: it says where the checkpoint lies,
     not what it holds, which only verification tells.

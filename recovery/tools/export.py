@@ -45,7 +45,7 @@ from recovery.format.manifest import Manifest
 from recovery.integrity import commit
 from recovery.integrity.signing import Signer, TrustStore
 from recovery.provenance import lineage, purpose
-from recovery.run import resume
+from recovery.run.restoring import choose
 
 PREPROCESSING = "preprocessing"
 EXPORT_FORMAT = 1
@@ -156,7 +156,7 @@ def program_bytes(spec: ExportSpec) -> bytes:
 
 def write_artifact(
     out: Path,
-    source: resume.Loaded,
+    source: choose.Loaded,
     spec: ExportSpec,
     *,
     dtype: str,
@@ -293,7 +293,7 @@ def load_inference(
 
     path = Path(path)
     store = trust if trust is not None else trust_mod.resolve_trust(SigningConfig())
-    loaded = resume.load(path, store, allow_untrusted=allow_untrusted)
+    loaded = choose.load(path, store, allow_untrusted=allow_untrusted)
     purpose.check_use(
         purpose.SERVE, loaded.manifest.purpose, where=str(path), present=loaded.components
     )

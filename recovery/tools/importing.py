@@ -2,7 +2,7 @@
 warm-start artifact that ``+init_from=`` and ``Checkpointer.restore(init_from=)`` accept.
 
 The artifact is written exactly as a run's own warm-start copy is (a
-:class:`~recovery.run.job.SaveJob` of purpose ``warm_start``: ``model.safetensors``,
+:class:`~recovery.run.writing.job.SaveJob` of purpose ``warm_start``: ``model.safetensors``,
 ``state.json`` with the model config, ``config.yaml``, ``model.sig``), with
 step 0 and one lineage segment of kind ``import``. Its provenance says what
 it is: ``imported`` records the source (kind, path, the sha256 and size of
@@ -31,8 +31,8 @@ from recovery.format import bounded
 from recovery.format.manifest import Manifest, root_digest
 from recovery.integrity.signing import Signer
 from recovery.provenance import capture, lineage, purpose
-from recovery.run import job as job_mod
-from recovery.run.restore import Identity
+from recovery.run.status import Identity
+from recovery.run.writing import job as job_mod
 from recovery.state import wrapping
 from recovery.state.registry import MODEL
 from recovery.tools import hfdir, sources

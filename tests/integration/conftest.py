@@ -18,8 +18,8 @@ import torch
 from recovery import faults
 from recovery.format.layout import METRICS_FILE, step_dir_name
 from recovery.integrity.trust import KEY_ENV
-from recovery.run import resume
 from recovery.run.journal import effective_steps
+from recovery.run.restoring import choose
 from recovery.tools.drill import flat_tensors
 from tests import launcher
 from tests.conftest import once
@@ -230,7 +230,7 @@ def recovery_export(overrides: list[str], signer) -> subprocess.CompletedProcess
 
 
 def final_state(run_dir: Path, trust) -> dict:
-    return resume.load(run_dir / step_dir_name(STEPS), trust).decoded.tree
+    return choose.load(run_dir / step_dir_name(STEPS), trust).decoded.tree
 
 
 def assert_same_run(reference: Path, run_dir: Path, trust) -> None:

@@ -9,7 +9,7 @@ import pytest
 from recovery import cli
 from recovery.format.layout import scan, step_dir_name
 from recovery.run.journal import read
-from recovery.run.preemption import SAME_REQUEST_S
+from recovery.run.scheduling.preemption import SAME_REQUEST_S
 from tests.integration.conftest import assert_same_run
 
 pytestmark = pytest.mark.integration

@@ -5,8 +5,8 @@ from __future__ import annotations
 import pytest
 
 from recovery.format.layout import ABANDONED_DIR, scan, step_dir_name
-from recovery.run import resume
 from recovery.run.journal import read
+from recovery.run.restoring import choose
 from tests.integration.conftest import assert_same_run
 
 pytestmark = pytest.mark.integration
@@ -35,7 +35,7 @@ def test_a_branch_killed_mid_move_and_requeued_continues_the_branch(
     assert sorted(p.name for p in moved.iterdir()) == [step_dir_name(50), step_dir_name(60)]
     assert "ROLLBACK" not in requeued.output and resumed_at(run_dir)[-1] == 40
     for old in moved.iterdir():  # still verifiable where they were moved
-        assert resume.load(old, trust).decoded.step in (50, 60)
+        assert choose.load(old, trust).decoded.step in (50, 60)
     done = trainer(tmp_path, "+resume=latest", "recipe.optim.lr=0.5")
     assert done.returncode == 0, done.output
     assert "OVERRIDE IGNORED: recipe.optim.lr=0.5" in done.output  # and the run is unchanged

@@ -11,8 +11,8 @@ import torch
 from recovery import cli
 from recovery.config import DifferentialConfig
 from recovery.format.layout import METRICS_FILE, scan, step_dir_name
-from recovery.run import resume
 from recovery.run.journal import read
+from recovery.run.restoring import choose
 from tests.integration.conftest import ROOT, SMALL, assert_same_run, recovery_export
 from tests.integration.test_tracking import project, train  # noqa: F401  (project: a fixture)
 from tests.unit.test_differential import sparse_state, train_step
@@ -44,14 +44,14 @@ def test_sigkill_after_a_delta_then_resume_latest_is_bit_identical(
     # saves 10 (base), 20, 30, 40 (base), 50, 60, 70 (base), 80: killed 5 steps after 50
     first = trainer(tmp_path / "job", *DIFF, "+resume=latest", pause_at="step-55", data=diff_data)
     assert first.returncode == -9
-    newest = resume.load(first.run_dir / step_dir_name(50), trust)
+    newest = choose.load(first.run_dir / step_dir_name(50), trust)
     assert newest.delta is not None and newest.delta["base"] == step_dir_name(40)
     second = trainer(tmp_path / "job", *DIFF, "+resume=latest", data=diff_data)
     assert second.returncode == 0, second.output
     (resumed,) = [r for r in read(second.run_dir / METRICS_FILE) if r.get("event") == "resume"]
     assert resumed["step"] == 50 and resumed["base"].endswith(step_dir_name(40))
     assert_same_run(reference.run_dir, second.run_dir, trust)
-    final = resume.load(second.run_dir / step_dir_name(80), trust)
+    final = choose.load(second.run_dir / step_dir_name(80), trust)
     assert final.delta is not None and final.delta["base"] == step_dir_name(70)
     # the deltas of the run are smaller than its bases
     sizes = {
@@ -75,16 +75,16 @@ def test_export_and_warm_start_read_a_delta_through_its_base(
     assert done.returncode == 0, done.stdout + done.stderr
     assert "parity: max_abs_diff 0," in done.stdout + done.stderr
     assert cli.main(["verify", str(out), "--trusted", str(signer.path.parent)]) == 0
-    parent = resume.load(out, trust).manifest.recovery["parent"]
-    assert parent["sha256"] == resume.load(delta, trust).manifest.root
+    parent = choose.load(out, trust).manifest.recovery["parent"]
+    assert parent["sha256"] == choose.load(delta, trust).manifest.root
     warm = trainer(tmp_path / "b", *DIFF, f"+init_from={delta}", "train.steps=10", data=diff_data)
     assert warm.returncode == 0, warm.output
     (start,) = [r for r in read(warm.run_dir / METRICS_FILE) if r.get("event") == "warm_start"]
     assert start["from"] == str(delta)
-    parent = resume.load(warm.run_dir / step_dir_name(10), trust).manifest.recovery["parent"]
+    parent = choose.load(warm.run_dir / step_dir_name(10), trust).manifest.recovery["parent"]
     assert (
         parent["kind"] == "warm_start"
-        and parent["sha256"] == resume.load(delta, trust).manifest.root
+        and parent["sha256"] == choose.load(delta, trust).manifest.root
     )
 
 

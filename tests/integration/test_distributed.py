@@ -18,8 +18,8 @@ from recovery.format.layout import DISTRIBUTED, METRICS_FILE, scan, step_dir_nam
 from recovery.integrity import reader
 from recovery.integrity.trust import KEY_ENV
 from recovery.parallel import sharded
-from recovery.run import resume
 from recovery.run.journal import effective_steps, read
+from recovery.run.restoring import choose
 from recovery.tools.drill import flat_tensors
 from tests.integration.conftest import SMALL, STEPS
 
@@ -29,7 +29,7 @@ USERS, ITEMS, DIM = 200, 100, 32
 
 def model_and_optimizer(step_dir, trust):
     """A distributed checkpoint's full model and optimizer, read through DCP in this process."""
-    loaded = resume.load(step_dir, trust)
+    loaded = choose.load(step_dir, trust)
     model = DotProduct(USERS, ITEMS, DIM, 0.1)
     opt = torch.optim.Adam(model.parameters())
     groups = loaded.decoded.meta[DISTRIBUTED]["optimizer"]
@@ -91,7 +91,7 @@ def test_a_two_rank_job_killed_and_resumed_is_bit_identical(
     checks = [r for r in read(victim / "r" / METRICS_FILE) if r.get("event") == "resume_check"]
     assert [(c["status"], c["identical"]) for c in checks] == [("exact", 5)]
     assert_same_job(reference, victim / "r", trust, ranks=2)
-    final = resume.load(victim / "r" / step_dir_name(STEPS), trust)
+    final = choose.load(victim / "r" / step_dir_name(STEPS), trust)
     spread = final.decoded.meta[DISTRIBUTED]
     assert spread["world_size"] == 2 and spread["strategy"] == strategy
     assert final.manifest.recovery["world_size"] == 2
@@ -136,7 +136,7 @@ def test_a_resume_on_another_world_size_reshards_and_stays_in_the_seed_band(
     assert gap <= 3 * seed_band, f"loss moved {gap:.4f}; seed-to-seed spread {seed_band:.4f}"
 
     final = root / "r" / step_dir_name(STEPS)
-    head = resume.load(final, trust)
+    head = choose.load(final, trust)
     assert head.manifest.recovery["world_size"] == after
     assert head.manifest.recovery["provenance"]["resharded"]["from"] == before
     [seg] = [s for s in head.manifest.recovery["lineage"] if s["kind"] == "resume"]
@@ -228,7 +228,7 @@ def test_a_plain_process_resumes_a_two_rank_checkpoint_and_reports_both_world_si
     resumed = trainer(root, "+resume=latest")
     assert resumed.returncode == 0, resumed.output
     assert "saved by 2 rank(s), resumed on 1" in resumed.output
-    final = resume.load(root / "r" / step_dir_name(STEPS), trust)
+    final = choose.load(root / "r" / step_dir_name(STEPS), trust)
     assert DISTRIBUTED not in final.decoded.meta and "model" in final.decoded.tree
     assert final.manifest.recovery["world_size"] == 1
 

@@ -12,8 +12,8 @@ import torch
 
 from recovery.format.layout import step_dir_name
 from recovery.integrity.trust import KEY_ENV
-from recovery.run import resume
 from recovery.run.journal import effective_steps
+from recovery.run.restoring import choose
 from recovery.tools.drill import flat_tensors
 from tests.integration.conftest import run_killed_at
 
@@ -28,7 +28,7 @@ def train(run_dir: Path, signer, *, pause_at: str | None = None) -> tuple[int, s
 
 
 def final(run_dir: Path, trust) -> dict[str, torch.Tensor]:
-    loaded = resume.load(run_dir / step_dir_name(12), trust)
+    loaded = choose.load(run_dir / step_dir_name(12), trust)
     return flat_tensors({k: loaded.decoded.tree[k] for k in ("model", "optimizer")})
 
 

@@ -15,7 +15,7 @@ import torch
 
 from recovery import cli
 from recovery.format.layout import step_dir_name
-from recovery.run import resume
+from recovery.run.restoring import choose
 from recovery.storage import tracking
 from tests import launcher
 from tests.integration.conftest import ROOT, assert_same_run, console
@@ -153,7 +153,7 @@ def test_dvc_repro_exports_then_does_nothing_then_reexports_after_training(proje
         env=env,
     )
     got = torch.tensor(json.loads(served.stdout))
-    tree = resume.load(
+    tree = choose.load(
         proj / "checkpoints" / "default" / step_dir_name(60), _trust(signer)
     ).decoded.tree
     from recipes.embedding import DotProduct
@@ -292,7 +292,7 @@ def test_data_is_modified_only_when_it_differs_and_a_stale_stage_is_said_apart(p
         ("stale", False, True),
         ("dirty", True, True),
     ):
-        rec = resume.load(proj / "checkpoints" / name / step_dir_name(10), store).manifest.recovery
+        rec = choose.load(proj / "checkpoints" / name / step_dir_name(10), store).manifest.recovery
         dataset = rec["provenance"]["dataset"]
         assert dataset["source"] == "dvc.lock:prepare" and dataset["modified"] is modified
         assert ("+modified:sha256:" in dataset["version"]) is modified

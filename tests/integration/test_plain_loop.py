@@ -14,8 +14,8 @@ import torch
 from recovery.format.layout import step_dir_name
 from recovery.integrity.signing import TrustStore
 from recovery.integrity.trust import KEY_ENV
-from recovery.run import resume
 from recovery.run.journal import effective_steps, read
+from recovery.run.restoring import choose
 from recovery.tools.drill import flat_tensors
 from tests import launcher
 from tests.integration.conftest import run_killed_at
@@ -55,7 +55,7 @@ def train(run_dir: Path, *args: str, pause_at: str | None = None) -> tuple[int, 
 
 
 def final_tensors(run_dir: Path, step: int) -> dict[str, torch.Tensor]:
-    tree = resume.load(run_dir / step_dir_name(step), TrustStore([]), allow_untrusted=True)
+    tree = choose.load(run_dir / step_dir_name(step), TrustStore([]), allow_untrusted=True)
     return flat_tensors({k: tree.decoded.tree[k] for k in ("model", "optimizer")})
 
 

@@ -22,8 +22,8 @@ from recovery.cli.listing import resume_checks
 from recovery.format.layout import METRICS_FILE, scan, step_dir_name
 from recovery.integrity.signing import TrustStore
 from recovery.integrity.trust import KEY_ENV
-from recovery.run import resume
 from recovery.run.journal import read
+from recovery.run.restoring import choose
 from recovery.state.registry import DROP_ENV
 from recovery.tools.audit import audit
 from tests.integration.conftest import run_killed_at
@@ -137,7 +137,7 @@ def test_epoch_end_work_killed_at_the_epoch_boundary(tmp_path, forget):
     assert code == 0, out
     trust = TrustStore([])
     final = [
-        resume.load(d / step_dir_name(16), trust, allow_untrusted=True).decoded.tree["model"]
+        choose.load(d / step_dir_name(16), trust, allow_untrusted=True).decoded.tree["model"]
         for d in (tmp_path / "ref", victim)
     ]
     same = all(torch.equal(final[0][k], final[1][k]) for k in final[0])

@@ -15,8 +15,8 @@ import torch
 
 from recovery.format.layout import scan, step_dir_name
 from recovery.integrity.trust import KEY_ENV
-from recovery.run import resume
 from recovery.run.journal import effective_steps, read
+from recovery.run.restoring import choose
 from recovery.tools.drill import flat_tensors
 from tests.conftest import once
 from tests.integration.conftest import run_killed_at
@@ -48,7 +48,7 @@ def uninterrupted(shared_dir, signer) -> Path:
 
 
 def state_of(run_dir: Path, trust) -> dict[str, torch.Tensor]:
-    tree = resume.load(run_dir / step_dir_name(12), trust).decoded.tree
+    tree = choose.load(run_dir / step_dir_name(12), trust).decoded.tree
     return flat_tensors({k: tree[k] for k in ("model", "optimizer")})
 
 

@@ -18,12 +18,12 @@ from recovery.integrity import commit
 from recovery.integrity.signing import Signer, TrustStore
 from recovery.parallel import sharded
 from recovery.parallel import world as distributed
-from recovery.run import resume
-from recovery.run.cadence import Cadence
 from recovery.run.checkpointer import Checkpointer
 from recovery.run.journal import Journal, read
-from recovery.run.preemption import PreemptionGuard
-from recovery.run.staging import Staging
+from recovery.run.restoring import choose
+from recovery.run.scheduling.cadence import Cadence
+from recovery.run.scheduling.preemption import PreemptionGuard
+from recovery.run.writing.staging import Staging
 from recovery.state.registry import TrainState
 from recovery.state.sampler import ResumableSampler
 from tests.conftest import tiny_state, train_steps
@@ -84,7 +84,7 @@ def test_async_checkpoint_holds_step_k_although_training_moved_on(
     assert not torch.equal(state.components["model"].state_dict()["0.weight"], expected["0.weight"])
     gate.set()
     ck.flush()
-    saved = resume.load(tmp_path / "run" / step_dir_name(2), trust).decoded.tree
+    saved = choose.load(tmp_path / "run" / step_dir_name(2), trust).decoded.tree
     for k, v in expected.items():
         assert torch.equal(saved["model"][k], v), k
     assert torch.equal(saved["optimizer"]["state"][0]["exp_avg"], expected_exp_avg)
@@ -105,7 +105,7 @@ def test_async_and_sync_write_identical_state(tmp_path, signer, trust, prov):
             ck.maybe_save(state, step)
         ck.close()
         journal.close()
-        out[mode] = resume.load(tmp_path / str(mode) / "run" / step_dir_name(6), trust).decoded.tree
+        out[mode] = choose.load(tmp_path / str(mode) / "run" / step_dir_name(6), trust).decoded.tree
         events = [
             r
             for r in read(tmp_path / str(mode) / "run" / "metrics.jsonl")
@@ -134,7 +134,7 @@ def test_background_error_surfaces_on_the_next_step(tmp_path, signer, trust, pro
     monkeypatch.setattr(commit, "commit", broken)
     train_steps(state, 2)
     ck.maybe_save(state, 2)
-    ck._saver._writer._pending.exception(timeout=10)  # let it fail
+    ck._saves.strategy._writer._pending.exception(timeout=10)  # let it fail
     train_steps(state, 1)
     with pytest.raises(CommitError, match="background checkpoint save failed.*disk full"):
         ck.maybe_save(state, 3)
@@ -160,7 +160,7 @@ def test_preemption_checkpoints_at_the_boundary_and_stops(tmp_path, signer, trus
             ck.maybe_save(state, 4)
         assert err.value.step == 4
         assert [s for s, _ in scan(tmp_path / "run").committed] == [4]
-        resume.load(tmp_path / "run" / step_dir_name(4), trust)
+        choose.load(tmp_path / "run" / step_dir_name(4), trust)
         events = [r["event"] for r in read(tmp_path / "run" / "metrics.jsonl")]
         assert "preempted" in events
         ck.close()
@@ -311,7 +311,7 @@ def test_async_saves_across_two_ranks_write_what_sync_saves_write(
     for step in (2, 4, 6):
         name = step_dir_name(step)
         sync, async_ = tmp_path / "sync" / "run" / name, tmp_path / "async" / "run" / name
-        resume.load(async_, trust)  # verifies: signed, every file listed
+        choose.load(async_, trust)  # verifies: signed, every file listed
         files = sorted(p.relative_to(sync).as_posix() for p in sync.rglob("*") if p.is_file())
         assert files == sorted(
             p.relative_to(async_).as_posix() for p in async_.rglob("*") if p.is_file()

@@ -8,7 +8,7 @@ import pytest
 from recovery import cli
 from recovery.format import bounded
 from recovery.format.layout import SIGNATURE_FILE, STATE_FILE, step_dir_name
-from recovery.run import resume
+from recovery.run.restoring import choose
 from tests.conftest import commit_state, resign, tiny_state, train_steps
 
 DEEP = b"[" * 200_000 + b"]" * 200_000
@@ -88,7 +88,7 @@ def test_resume_latest_falls_back_past_deep_nesting(tmp_path, signer, trust, cap
         commit_state(run_dir, state, step, signer)
     _deep_state(run_dir / step_dir_name(5), signer)
     _deep_sig(run_dir / step_dir_name(4))
-    loaded = resume.select(run_dir, "latest", trust)
+    loaded = choose.select(run_dir, "latest", trust)
     assert loaded is not None and loaded.decoded.step == 3
     assert [p.name for p, _ in loaded.skipped] == [step_dir_name(5), step_dir_name(4)]
     assert "RESUME FALLBACK" in caplog.text

@@ -143,7 +143,7 @@ def test_drift_is_warned_recorded_and_strict_refuses(tmp_path, caplog):
     assert any(d.startswith("dataset: ") for d in err.value.differences)
     run(tmp_path, 6, resume="latest", config={"seed": 0, "lr": 0.2}, prov=changed)
     assert "DRIFT since step-00000004: config: lr: 0.1 -> 0.2" in caplog.text
-    from recovery.run import resume as resume_mod
+    from recovery.run.restoring import choose as resume_mod
 
     newest = resume_mod.load(tmp_path / "run" / step_dir_name(6), KEYS["trust"])
     assert "config: lr: 0.1 -> 0.2" in newest.manifest.recovery["lineage"][-1]["drift"]
@@ -185,7 +185,7 @@ def test_warm_start_artifacts_at_milestones(tmp_path):
     run(tmp_path, 6, warm_start_every=3)
     ws = tmp_path / "run" / "warm_start"
     assert sorted(p.name for p in ws.iterdir()) == [step_dir_name(3), step_dir_name(6)]
-    from recovery.run import resume as resume_mod
+    from recovery.run.restoring import choose as resume_mod
 
     loaded = resume_mod.load(ws / step_dir_name(3), KEYS["trust"])
     assert loaded.manifest.purpose == "warm_start"
@@ -260,7 +260,7 @@ def test_keep_best_is_an_independent_copy_that_resume_best_reloads(tmp_path):
     assert ck2.resumed_from == kept
     assert {f.name: f.read_bytes() for f in kept.iterdir()} == before
     reloaded = tiny_state()
-    from recovery.run import resume as resume_mod
+    from recovery.run.restoring import choose as resume_mod
 
     reloaded.load_state_dict(resume_mod.load(kept, KEYS["trust"]).decoded.tree)
     assert score(reloaded) == scores[best_step]  # re-evaluated: the same number

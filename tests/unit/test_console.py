@@ -46,8 +46,8 @@ def app_config(level: int) -> io.StringIO:
 def test_with_no_logging_configured_the_package_speaks_at_info(bare):
     bare.clear()
     console.show()
-    logging.getLogger("recovery.run.restore").info("RESUMED run x")
-    logging.getLogger("recovery.run.restore").debug("not this")
+    logging.getLogger("recovery.run.restoring.begin").info("RESUMED run x")
+    logging.getLogger("recovery.run.restoring.begin").debug("not this")
     logging.getLogger("other").warning("not ours")  # Python's last resort prints it
     assert bare.getvalue().splitlines() == ["RESUMED run x", "not ours"]
 

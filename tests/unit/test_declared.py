@@ -13,8 +13,8 @@ from recovery.errors import ConfigError, IncompatibleStateError, PurposeError
 from recovery.format.layout import METRICS_FILE, step_dir_name
 from recovery.provenance import purpose
 from recovery.provenance.purpose import BUILTIN
-from recovery.run import resume
 from recovery.run.checkpointer import Checkpointer
+from recovery.run.restoring import choose
 from recovery.state import declared
 from recovery.state.registry import TrainState
 from tests.conftest import resign
@@ -162,7 +162,7 @@ def test_a_loop_without_scheduler_or_sampler_declares_so_and_resumes_exactly(
     state = nano()
     with checkpointer(tmp_path / "run", signer, trust, prov) as ck:
         head = train(state, ck, ck.restore(state, "latest"), 4)
-    loaded = resume.load(tmp_path / "run" / step_dir_name(4), trust)
+    loaded = choose.load(tmp_path / "run" / step_dir_name(4), trust)
     assert loaded.manifest.recovery["absent"] == WHY  # recorded in the signed statement
     assert loaded.manifest.recovery["requires"] == CONTINUATION
     assert "scheduler" not in loaded.components and "sampler" not in loaded.components
@@ -229,10 +229,10 @@ def test_the_signed_declaration_is_what_the_contract_checks(tmp_path, signer, tr
 
     resign(path, signer, lambda st: st["predicate"]["recovery"].pop("absent"))
     with pytest.raises(PurposeError, match="lacks \\['scheduler', 'sampler'\\]"):
-        resume.load(path, trust)
+        choose.load(path, trust)
     resign(path, signer, lambda st: st["predicate"]["recovery"].update(absent={"model": "x"}))
     with pytest.raises(PurposeError, match="'model' cannot be declared absent"):
-        resume.load(path, trust)
+        choose.load(path, trust)
 
 
 def test_inspect_shows_the_declared_absences(tmp_path, signer, trust, prov, capsys):

@@ -9,9 +9,10 @@ from torch import nn
 from recovery.config import CheckpointConfig, DifferentialConfig
 from recovery.errors import BrokenChainError
 from recovery.format.layout import BEST_DIR, scan, step_dir_name
-from recovery.run import resume, retention
 from recovery.run.checkpointer import Checkpointer
 from recovery.run.journal import Journal, read
+from recovery.run.restoring import choose
+from recovery.run.saving import retention
 from recovery.state.registry import TrainState
 from recovery.state.sampler import ResumableSampler
 from recovery.tools.drill import flat_tensors
@@ -128,8 +129,8 @@ def test_base_plus_delta_restores_exactly_what_a_full_checkpoint_holds(chain_run
     diff, full = chain_run
     kinds = {}
     for step in range(2, 13, 2):
-        a = resume.load(diff / step_dir_name(step), trust)
-        b = resume.load(full / step_dir_name(step), trust)
+        a = choose.load(diff / step_dir_name(step), trust)
+        b = choose.load(full / step_dir_name(step), trust)
         assert b.delta is None
         kinds[step] = a.delta["base"] if a.delta else "full"
         assert_same(a.decoded.tree, b.decoded.tree)
@@ -153,19 +154,19 @@ def test_a_resume_continues_the_chain_and_trains_the_same_run(tmp_path, signer, 
     resumed = [r for r in read(job / "metrics.jsonl") if r.get("event") == "resume"]
     assert resumed[-1]["step"] == 10 and resumed[-1]["base"].endswith(step_dir_name(8))
     for step in (12, 14, 16):  # 12: the third of base 8's chain; 14 a new base
-        a = resume.load(ref / step_dir_name(step), trust)
-        b = resume.load(job / step_dir_name(step), trust)
+        a = choose.load(ref / step_dir_name(step), trust)
+        b = choose.load(job / step_dir_name(step), trust)
         assert (a.delta or {}).get("base") == (b.delta or {}).get("base")
         assert_same(a.decoded.tree, b.decoded.tree)
-    assert resume.load(job / step_dir_name(12), trust).delta["base"] == step_dir_name(8)
+    assert choose.load(job / step_dir_name(12), trust).delta["base"] == step_dir_name(8)
 
 
 def test_a_delta_without_its_base_is_refused_and_latest_falls_back(chain_run, trust):
     diff, _ = chain_run
     shutil.rmtree(diff / step_dir_name(8))
     with pytest.raises(BrokenChainError, match="is a delta of step-00000008 .* which is missing"):
-        resume.load(diff / step_dir_name(12), trust)
-    loaded = resume.select(diff, "latest", trust)
+        choose.load(diff / step_dir_name(12), trust)
+    loaded = choose.select(diff, "latest", trust)
     assert loaded.path.name == step_dir_name(6)  # the newest whose whole chain verifies
     assert [p.name for p, _ in loaded.skipped] == [step_dir_name(12), step_dir_name(10)]
     assert "which is missing" in loaded.skipped[0][1]
@@ -181,7 +182,7 @@ def test_a_delta_whose_base_is_damaged_or_replaced_is_refused(chain_run, trust):
     shutil.rmtree(base)
     shutil.copytree(full / step_dir_name(8), base)
     with pytest.raises(BrokenChainError, match="was replaced by another checkpoint of that step"):
-        resume.load(target, trust)
+        choose.load(target, trust)
     # damaged: one flipped byte in the base's tensors
     shutil.rmtree(base)
     shutil.copytree(original, base)
@@ -191,7 +192,7 @@ def test_a_delta_whose_base_is_damaged_or_replaced_is_refused(chain_run, trust):
     data[-3] ^= 0x01
     victim.write_bytes(bytes(data))
     with pytest.raises(BrokenChainError, match="which fails verification .*expected sha256") as err:
-        resume.load(target, trust)
+        choose.load(target, trust)
     assert err.value.base == base and err.value.path == victim
 
 
@@ -203,7 +204,7 @@ def test_retention_keeps_the_bases_of_kept_deltas_and_a_fallback_off_the_newest_
     # so the newest before 14 (12) and its base (8) are the fallback
     assert [s for s, _ in scan(run_dir).committed] == [8, 12, 14, 16]
     for _, path in scan(run_dir).committed:
-        resume.load(path, trust)  # each one's chain is whole
+        choose.load(path, trust)  # each one's chain is whole
     retired = [r["steps"] for r in read(run_dir / "metrics.jsonl") if r.get("event") == "retired"]
     assert sorted(s for steps in retired for s in steps) == [2, 4, 6, 10]
 
@@ -214,8 +215,8 @@ def test_async_saves_write_the_same_chain(tmp_path, signer, trust, prov):
     cfg = differential_config(tmp_path / "async", async_save=True)
     got = _train(cfg, tmp_path / "async", 8, signer, trust, prov, state)
     for step in (2, 4, 6, 8):
-        a = resume.load(ref / step_dir_name(step), trust)
-        b = resume.load(got / step_dir_name(step), trust)
+        a = choose.load(ref / step_dir_name(step), trust)
+        b = choose.load(got / step_dir_name(step), trust)
         assert (a.delta or {}).get("base") == (b.delta or {}).get("base")
         assert_same(a.decoded.tree, b.decoded.tree)
 
@@ -230,10 +231,10 @@ def test_the_best_copy_of_a_delta_brings_its_base(tmp_path, signer, trust, prov)
         run_dir = _train(cfg, tmp_path, steps, signer, trust, prov, sparse_state(), score=score)
         best = [p.name for _, p in scan(run_dir / BEST_DIR).committed]
         assert best == [step_dir_name(s) for s in kept]  # a delta's copy with its base
-        chosen = resume.select(run_dir, "best", trust)
+        chosen = choose.select(run_dir, "best", trust)
         assert chosen.path == run_dir / BEST_DIR / step_dir_name(steps)
         assert_same(
-            chosen.decoded.tree, resume.load(run_dir / step_dir_name(steps), trust).decoded.tree
+            chosen.decoded.tree, choose.load(run_dir / step_dir_name(steps), trust).decoded.tree
         )
         shutil.rmtree(run_dir.parent)
 
@@ -254,7 +255,7 @@ def test_a_best_copy_killed_after_bringing_its_base_leaves_the_old_best(
     removed = retention.tidy_best(run_dir)
     assert removed == [best / step_dir_name(8)]
     assert [p.name for _, p in scan(best).committed] == [step_dir_name(2), step_dir_name(4)]
-    assert resume.select(run_dir, "best", trust).path == best / step_dir_name(4)
+    assert choose.select(run_dir, "best", trust).path == best / step_dir_name(4)
     assert not list(best.glob(f"{retention.INCOMING}*"))
 
 
@@ -282,7 +283,7 @@ def test_a_malformed_differential_record_is_refused_by_name(chain_run, signer, t
 
     resign(target, signer, edit)
     with pytest.raises(FormatError, match="state.json: malformed differential record"):
-        resume.load(target, trust)
+        choose.load(target, trust)
 
 
 def test_a_delta_named_by_a_relative_path_finds_its_base(chain_run, trust, monkeypatch):
@@ -290,4 +291,4 @@ def test_a_delta_named_by_a_relative_path_finds_its_base(chain_run, trust, monke
 
     diff, _ = chain_run
     monkeypatch.chdir(diff / step_dir_name(12))
-    assert resume.load(Path("."), trust).delta["base"] == step_dir_name(8)
+    assert choose.load(Path("."), trust).delta["base"] == step_dir_name(8)

@@ -12,7 +12,7 @@ import pytest
 from recovery.errors import CommitError, StorageError
 from recovery.exitcodes import exit_code
 from recovery.integrity import commit, full
-from recovery.run import retention
+from recovery.run.saving import retention
 from tests.conftest import tiny_state, train_steps
 from tests.unit.test_async import make
 
@@ -86,7 +86,7 @@ def test_a_full_disk_surfaces_as_one_storage_error(
                 ck.maybe_save(state, 2)
         else:
             ck.maybe_save(state, 2)
-            ck._saver._writer._pending.exception(timeout=30)  # let it fail
+            ck._saves.strategy._writer._pending.exception(timeout=30)  # let it fail
             with pytest.raises(StorageError) as err:
                 if where == "close":
                     ck.close()

@@ -16,7 +16,7 @@ from recovery.errors import ConfigError
 from recovery.format.layout import METRICS_FILE
 from recovery.run.checkpointer import Checkpointer
 from recovery.run.journal import Journal
-from recovery.run.preemption import PreemptionGuard
+from recovery.run.scheduling.preemption import PreemptionGuard
 from recovery.state import guards
 from recovery.state.registry import TrainState
 from recovery.state.sampler import ResumableSampler
@@ -60,7 +60,7 @@ def make(tmp_path, signer, trust, prov):
 
     yield build
     for ck in made:
-        ck._release()
+        ck._restorer.release()
 
 
 # -- at registration ---------------------------------------------------------------------

@@ -6,9 +6,9 @@ import pytest
 
 from recovery.errors import ForeignCheckpointError, RollbackError
 from recovery.format.layout import step_dir_name
-from recovery.run import history
-from recovery.run.history import History
 from recovery.run.journal import read
+from recovery.run.restoring import history
+from recovery.run.restoring.history import History
 from tests.unit.test_checkpointer import _keys, run  # noqa: F401 - _keys: an autouse fixture
 
 

@@ -19,8 +19,8 @@ from recovery import cli
 from recovery.config import CheckpointConfig
 from recovery.errors import CheckpointNotFoundError, ConfigError, FormatError, UnsafePathError
 from recovery.format import pickles
-from recovery.run import resume
 from recovery.run.checkpointer import Checkpointer
+from recovery.run.restoring import choose
 from recovery.tools import audit, importing
 from tests.conftest import tiny_state, train_steps
 
@@ -104,7 +104,7 @@ def test_provenance_is_signed_and_audit_says_imported(tmp_path, weights, signer,
     torch.save(weights, tmp_path / "w.pt")
     out = tmp_path / "imported"
     importing.import_weights(tmp_path / "w.pt", out, signer=signer)
-    loaded = resume.load(out, trust)
+    loaded = choose.load(out, trust)
     assert loaded.manifest.purpose == "warm_start"
     assert {"model", "model_config", "provenance"} <= set(loaded.components)
     imported = loaded.manifest.recovery["provenance"]["imported"]
@@ -164,7 +164,7 @@ def test_lightning_ckpt_with_prefix_strip(tmp_path, weights, signer, trust, prov
     assert rec["kind"] == "lightning" and rec["key"] == "state_dict"
     assert rec["dropped"] == ["ema.w"] and rec["dropped_count"] == 1
     assert rec["model_config_from"] == "hyper_parameters"
-    assert resume.load(out, trust).decoded.meta["model_config"] == {"width": 4, "lr": 0.01}
+    assert choose.load(out, trust).decoded.meta["model_config"] == {"width": 4, "lr": 0.01}
     state, _, ck = warm_start(tmp_path, out, signer, trust, prov)
     same(state.components["model"].state_dict(), weights)
     ck.close()
@@ -246,7 +246,7 @@ def test_hf_directory(tmp_path, weights, signer, trust, prov, layout, read):
     rec = result.record
     assert rec["kind"] == "hf" and rec["model_config_from"] == "config.json"
     assert [(f["name"], f["sha256"]) for f in rec["files"]] == [(n, sha(d / n)) for n in read]
-    loaded = resume.load(out, trust)
+    loaded = choose.load(out, trust)
     assert loaded.decoded.meta["model_config"] == {"model_type": "tiny", "hidden_size": 4}
     state, _, ck = warm_start(tmp_path, out, signer, trust, prov)
     same(state.components["model"].state_dict(), weights)

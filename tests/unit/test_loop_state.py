@@ -110,7 +110,7 @@ def test_a_library_error_leaving_the_with_block_ends_with_its_exit_code(tmp_path
         ckpt.restore(state, "latest")
         raise error
     assert ended.value.code == code
-    assert ckpt._closed  # closed first: the lock released, the journal closed
+    assert ckpt.closed  # closed first: the lock released, the journal closed
 
 
 def test_other_exceptions_leave_the_with_block_as_they_are(tmp_path):

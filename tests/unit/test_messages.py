@@ -10,7 +10,7 @@ from recipes import schedule
 from recipes.common import warmup_cosine
 from recovery.provenance import capture
 from recovery.provenance.drift import config_change, drift
-from recovery.run.ending import one_line
+from recovery.run.exits import one_line
 from recovery.state.registry import does_not_fit
 
 

@@ -186,7 +186,7 @@ def test_a_tree_copy_creates_everything_through_descriptors_and_refuses_links(tm
 
 
 def test_a_best_mark_naming_a_path_deletes_nothing_outside(tmp_path):
-    from recovery.run import retention
+    from recovery.run.saving import retention
 
     victim = tmp_path / "victim" / "step-00000001"
     victim.mkdir(parents=True)

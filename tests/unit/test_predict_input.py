@@ -19,7 +19,7 @@ from recipes.embedding import DotProduct
 from recipes.export import spec_for
 from recovery.errors import FormatError
 from recovery.format.layout import step_dir_name
-from recovery.run import resume
+from recovery.run.restoring import choose
 from recovery.tools import export
 from tests import launcher
 from tests.conftest import commit_state, tiny_state
@@ -38,7 +38,7 @@ def artifact(tmp_path_factory, signer, trust):
     torch.manual_seed(0)
     spec = spec_for({"model": DotProduct(30, 20, 4, 0.0).state_dict()}, data, torch.float32)
     commit_state(root / "run", tiny_state(), 1, signer)
-    source = resume.load(root / "run" / step_dir_name(1), trust)
+    source = choose.load(root / "run" / step_dir_name(1), trust)
     out = root / "artifact"
     export.write_artifact(out, source, spec, dtype="float32", signer=signer)
     flags = ["--trusted", str(signer.path.parent)]

@@ -13,9 +13,9 @@ import textwrap
 import pytest
 
 from recovery.errors import Preempted
-from recovery.run import preemption
-from recovery.run.preemption import PreemptionGuard, classify
-from recovery.run.submitit import Requeueable, preemption_signal
+from recovery.run.scheduling import preemption
+from recovery.run.scheduling.preemption import PreemptionGuard, classify
+from recovery.run.scheduling.submitit import Requeueable, preemption_signal
 
 
 @pytest.mark.parametrize(
@@ -123,7 +123,7 @@ def test_what_the_replaced_handler_raises_leaves_the_block(usr2_recorder):
 
 GUARDED = """
 import os, signal, sys, time
-from recovery.run.preemption import PreemptionGuard
+from recovery.run.scheduling.preemption import PreemptionGuard
 guard = PreemptionGuard(["SIGTERM", "SIGUSR1"], window_s={window}).install()
 for sig, pause in {plan}:
     os.kill(os.getpid(), sig)
@@ -160,7 +160,7 @@ def test_real_signals_to_a_process(plan, code):
 JOINED = """
 import logging, os, signal, time
 logging.basicConfig(level=logging.INFO)
-from recovery.run.preemption import PreemptionGuard
+from recovery.run.scheduling.preemption import PreemptionGuard
 guard = PreemptionGuard(["SIGUSR1"], window_s=0.5).install()
 guard.join("SIGUSR1")  # another rank's signal, agreed on: this one's comes later
 guard.uninstall()

@@ -20,7 +20,7 @@ from recovery.integrity.signing import Signer, TrustStore
 from recovery.parallel import world as distributed
 from recovery.run.checkpointer import Checkpointer
 from recovery.run.journal import read
-from recovery.run.preemption import PreemptionGuard
+from recovery.run.scheduling.preemption import PreemptionGuard
 from tests.conftest import tiny_state, train_steps
 
 SCONTROL = '#!/bin/sh\necho "$@" >> "$(dirname "$0")/calls"\n'

@@ -29,8 +29,8 @@ from recovery.errors import (
 )
 from recovery.format.layout import SIGNATURE_FILE
 from recovery.integrity import reader
-from recovery.run import checked
 from recovery.run.checkpointer import Checkpointer
+from recovery.run.restoring import checked
 from recovery.state import rng, snapshot
 from tests.conftest import make_signer, resign, tiny_state
 

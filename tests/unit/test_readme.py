@@ -146,10 +146,10 @@ class _Pairs:
 def state_at(run_dir, step):
     from recovery.format.layout import step_dir_name
     from recovery.integrity.signing import TrustStore
-    from recovery.run import resume
+    from recovery.run.restoring import choose
 
     path = run_dir / step_dir_name(step)
-    return resume.load(path, TrustStore([]), allow_untrusted=True).decoded.tree
+    return choose.load(path, TrustStore([]), allow_untrusted=True).decoded.tree
 
 
 def test_every_trackers_key_is_documented():

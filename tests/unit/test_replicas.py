@@ -20,9 +20,9 @@ from recovery.format.layout import parse_step, scan, step_dir_name
 from recovery.integrity import listed
 from recovery.parallel import replicas, transfer
 from recovery.parallel.world import World
-from recovery.run import peertier, rankpromotion, tiers
 from recovery.run.checkpointer import Checkpointer
 from recovery.run.journal import Journal
+from recovery.run.tiers import peertier, rankpromotion, rules
 from recovery.tools import audit
 from tests.conftest import tiny_state, train_steps
 from tests.unit.test_distributed import _free_port
@@ -450,7 +450,7 @@ def test_a_node_whose_ram_does_not_fit_stops_every_rank_at_once_with_one_line(
     the first snapshot's real size is checked again before the second, step 4): rank 1 says
     so in one line, and rank 0, whose node has room, refuses too at the same point, naming
     the other node, rather than waiting in a collective for a rank that is gone."""
-    fit, calls = tiers.fit, []
+    fit, calls = rules.fit, []
     refusal = "checkpoint.local.root: the local tier in (this test) needs more than there is"
 
     def full(*args, **kwargs):  # the forked ranks inherit it
@@ -459,7 +459,7 @@ def test_a_node_whose_ram_does_not_fit_stops_every_rank_at_once_with_one_line(
             raise StorageError(refusal)
         return fit(*args, **kwargs)
 
-    monkeypatch.setattr(tiers, "fit", full)
+    monkeypatch.setattr(rules, "fit", full)
     out = str(tmp_path / "err")
     args = (out, _free_port(), str(tmp_path), 9, str(tmp_path / "out"), (signer, trust), False)
     mp.start_processes(_refusing_rank, args=args, nprocs=2, start_method="fork")

@@ -1,4 +1,4 @@
-"""A run requeueing its own SLURM job (recovery.run.requeue) when scontrol fails: it
+"""A run requeueing its own SLURM job (recovery.run.scheduling.requeue) when scontrol fails: it
 returns False, never raises, and logs one line; what real scontrol calls there are runs
 through the injectable ``run=`` (tests/integration/test_slurm.py runs the real one)."""
 
@@ -11,9 +11,9 @@ from collections.abc import Sequence
 
 import pytest
 
-from recovery.run import requeue, scheduler
+from recovery.run.scheduling import requeue, slurm
 
-JOB = scheduler.detect({"SLURM_JOB_ID": "5"})
+JOB = slurm.detect({"SLURM_JOB_ID": "5"})
 STDERR = "scontrol: error: _establish_config_source: failed\nslurm_load_ctl_conf error\n\n"
 
 
@@ -50,7 +50,7 @@ def slow(args: Sequence[str]) -> subprocess.CompletedProcess[str]:
 def test_a_failed_requeue_returns_false_in_one_line_and_ignores_the_job_s_signals(
     run, message, caplog
 ):
-    caplog.set_level(logging.INFO, logger="recovery.run.requeue")
+    caplog.set_level(logging.INFO, logger="recovery.run.scheduling.requeue")
     assert requeue.requeue(JOB, run=run) is False
     errors = [r.getMessage() for r in caplog.records if r.levelno >= logging.ERROR]
     assert len(errors) == 1 and errors[0].startswith(message), errors
@@ -59,7 +59,7 @@ def test_a_failed_requeue_returns_false_in_one_line_and_ignores_the_job_s_signal
 
 
 def test_an_update_refused_is_one_info_line_and_the_requeue_still_runs(caplog):
-    caplog.set_level(logging.INFO, logger="recovery.run.requeue")
+    caplog.set_level(logging.INFO, logger="recovery.run.scheduling.requeue")
     outcomes = iter([1, 0])
     calls: list[list[str]] = []
 
@@ -76,7 +76,7 @@ def test_an_update_refused_is_one_info_line_and_the_requeue_still_runs(caplog):
 
 
 def test_an_update_that_timed_out_is_one_info_line_and_the_requeue_still_runs(caplog):
-    caplog.set_level(logging.INFO, logger="recovery.run.requeue")
+    caplog.set_level(logging.INFO, logger="recovery.run.scheduling.requeue")
     calls: list[list[str]] = []
 
     def run(args: Sequence[str]) -> subprocess.CompletedProcess[str]:

@@ -14,7 +14,7 @@ from recovery.cli.codes import exit_code
 from recovery.errors import CheckpointNotFoundError, ConfigError, ManifestError
 from recovery.format.layout import METRICS_FILE, SIGNATURE_FILE, step_dir_name
 from recovery.integrity.trust import KEY_ENV
-from recovery.run import resume
+from recovery.run.restoring import choose
 from tests import launcher
 from tests.conftest import commit_state, tiny_state
 
@@ -48,7 +48,7 @@ def test_a_bare_word_that_is_not_latest_a_step_or_a_path_is_a_config_error(
 ):
     monkeypatch.chdir(tmp_path)
     with pytest.raises(ConfigError) as err:
-        resume.parse_spec(word)
+        choose.parse_spec(word)
     msg = str(err.value)
     assert msg.startswith(f"resume: {word!r} is neither latest, a step number nor an existing path")
     assert "\n" not in msg and str(tmp_path) in msg and "+resume=latest" in msg
@@ -59,21 +59,21 @@ def test_a_bare_word_that_is_not_latest_a_step_or_a_path_is_a_config_error(
 def test_a_bare_word_naming_something_that_exists_is_a_path(tmp_path, monkeypatch):
     monkeypatch.chdir(tmp_path)
     (tmp_path / "lastest").mkdir()
-    assert resume.parse_spec("lastest") == Path("lastest")
-    assert resume.parse_spec("latest") == "latest" and resume.parse_spec("12") == 12
+    assert choose.parse_spec("lastest") == Path("lastest")
+    assert choose.parse_spec("latest") == "latest" and choose.parse_spec("12") == 12
 
 
 def test_a_missing_path_is_still_checkpoint_not_found(tmp_path, trust):
     missing = tmp_path / "nowhere" / step_dir_name(3)
-    assert resume.parse_spec(str(missing)) == missing
+    assert choose.parse_spec(str(missing)) == missing
     with pytest.raises(CheckpointNotFoundError, match="no such checkpoint directory") as err:
-        resume.select(tmp_path, str(missing), trust)
+        choose.select(tmp_path, str(missing), trust)
     assert exit_code(err.value) == 3
 
 
 def test_a_run_directory_says_so_and_names_latest_and_steps(run_dir, trust):
     with pytest.raises(CheckpointNotFoundError) as err:
-        resume.select(run_dir, str(run_dir), trust)
+        choose.select(run_dir, str(run_dir), trust)
     msg = str(err.value)
     assert msg.startswith(f"{run_dir}: is a run directory")
     assert "step-* checkpoint directories" in msg and METRICS_FILE in msg
@@ -88,26 +88,26 @@ def test_a_run_directory_with_only_a_journal_is_a_run_directory_too(tmp_path, tr
     run.mkdir()
     (run / METRICS_FILE).write_text("")
     with pytest.raises(CheckpointNotFoundError, match="is a run directory .*no committed"):
-        resume.select(run, str(run), trust)
+        choose.select(run, str(run), trust)
 
 
 def test_a_regular_file_says_a_checkpoint_is_a_directory(run_dir, trust):
     target = run_dir / METRICS_FILE
     with pytest.raises(CheckpointNotFoundError) as err:
-        resume.select(run_dir, str(target), trust)
+        choose.select(run_dir, str(target), trust)
     msg = str(err.value)
     assert msg.startswith(f"{target}: is a file, not a checkpoint; a checkpoint is a directory")
     assert exit_code(err.value) == 3
     # a file inside a checkpoint: the message names the directory to pass instead
     inner = run_dir / step_dir_name(4) / "state.json"
     with pytest.raises(CheckpointNotFoundError, match=f"pass {run_dir / step_dir_name(4)}"):
-        resume.select(run_dir, str(inner), trust)
+        choose.select(run_dir, str(inner), trust)
 
 
 def test_a_step_directory_without_its_signature_is_still_uncommitted(run_dir, trust):
     (run_dir / step_dir_name(4) / SIGNATURE_FILE).unlink()
     with pytest.raises(ManifestError, match="never committed") as err:
-        resume.select(run_dir, 4, trust)
+        choose.select(run_dir, 4, trust)
     assert exit_code(err.value) == 4
 
 
@@ -149,6 +149,6 @@ def test_train_py_with_a_typo_of_latest_prints_one_line_and_exits_12(tmp_path, s
 
 def test_a_bad_spec_is_named_by_the_key_it_came_from():
     with pytest.raises(ConfigError, match=r"^export\.source: 'lastest'.*did you mean latest\?"):
-        resume.parse_spec("lastest", "export.source")
+        choose.parse_spec("lastest", "export.source")
     with pytest.raises(ConfigError, match=r"export\.source=latest"):
-        resume.parse_spec("lastest", "export.source")
+        choose.parse_spec("lastest", "export.source")

@@ -11,7 +11,8 @@ import pytest
 
 from recovery.format.layout import BEST_DIR, scan, step_dir_name
 from recovery.integrity import commit, reader
-from recovery.run import resume, retention
+from recovery.run.restoring import choose
+from recovery.run.saving import retention
 from tests import launcher
 from tests.conftest import commit_state, tiny_state
 
@@ -67,7 +68,7 @@ import sys
 from pathlib import Path
 from recovery.integrity import reader
 from recovery.integrity.signing import TrustStore
-from recovery.run import retention
+from recovery.run.saving import retention
 run_dir, final, keys = Path(sys.argv[1]), Path(sys.argv[2]), Path(sys.argv[3])
 trust = TrustStore.from_paths([keys])
 mf = reader.read_manifest(final, trust)
@@ -109,7 +110,7 @@ def test_a_kill_during_the_best_copy_always_leaves_one_committed_best(
     proc.wait()
     assert mark.read_text().startswith(f"best-{phase}-4")
 
-    chosen = resume.select(run_dir, "best", trust)  # never the temp dir, always a committed one
+    chosen = choose.select(run_dir, "best", trust)  # never the temp dir, always a committed one
     assert chosen is not None and chosen.decoded.step == best_after
     retention.tidy_best(run_dir)  # what a starting writer does
     listing = scan(run_dir / BEST_DIR)

@@ -1,4 +1,4 @@
-"""The scheduler a run is under (recovery.run.scheduler): a SLURM job from its environment,
+"""The scheduler a run is under (recovery.run.scheduling.slurm): a SLURM job from its environment,
 the run's name, how the run before a start stopped, when a run requeues its own job, and
 checkpoint.cluster's validation."""
 
@@ -8,8 +8,8 @@ import pytest
 
 from recovery.config import CheckpointConfig, ClusterConfig
 from recovery.errors import ConfigError
-from recovery.run import scheduler
-from recovery.run.scheduler import ENDED, KILLED, PREEMPTED, TIME_LIMIT, Job
+from recovery.run.scheduling import slurm
+from recovery.run.scheduling.slurm import ENDED, KILLED, PREEMPTED, TIME_LIMIT, Job
 
 JOB = {"SLURM_JOB_ID": "41", "SLURM_JOB_NAME": "train", "SLURM_JOB_NODELIST": "n[1-2]"}
 
@@ -35,7 +35,7 @@ JOB = {"SLURM_JOB_ID": "41", "SLURM_JOB_NAME": "train", "SLURM_JOB_NODELIST": "n
     ],
 )
 def test_a_slurm_job_from_its_environment(env, setting, job_id, own, restart, name, node):
-    job = scheduler.detect(env, setting)
+    job = slurm.detect(env, setting)
     assert job is not None
     assert (job.job_id, job.own_id, job.restart, job.run_name, job.node) == (
         job_id,
@@ -51,12 +51,12 @@ def test_a_slurm_job_from_its_environment(env, setting, job_id, own, restart, na
     [({}, "auto"), (JOB, "none"), ({"SLURM_JOB_ID": " "}, "auto"), ({}, "none")],
 )
 def test_no_job_outside_slurm_or_when_told_to_ignore_it(env, setting):
-    assert scheduler.detect(env, setting) is None
+    assert slurm.detect(env, setting) is None
 
 
 def test_scheduler_slurm_outside_a_job_is_one_line_naming_the_key():
     with pytest.raises(ConfigError, match=r"^checkpoint.cluster.scheduler: slurm, but .*=auto$"):
-        scheduler.detect({}, "slurm")
+        slurm.detect({}, "slurm")
 
 
 @pytest.mark.parametrize(
@@ -69,8 +69,8 @@ def test_scheduler_slurm_outside_a_job_is_one_line_naming_the_key():
     ],
 )
 def test_the_run_name(configured, in_job, explicit, expected):
-    job = scheduler.detect(JOB) if in_job else None
-    assert scheduler.run_name(configured, job, explicit=explicit) == expected
+    job = slurm.detect(JOB) if in_job else None
+    assert slurm.run_name(configured, job, explicit=explicit) == expected
 
 
 START = {"event": "start", "run_id": "r"}
@@ -99,18 +99,18 @@ def preempted(signal: str) -> dict:
     ],
 )
 def test_how_the_run_before_stopped(records, expected):
-    assert scheduler.previous_stop(records, "SIGUSR1") == expected
+    assert slurm.previous_stop(records, "SIGUSR1") == expected
 
 
 def test_without_a_time_limit_signal_every_preemption_is_one():
     records = [START, preempted("SIGUSR1")]
-    assert scheduler.previous_stop(records, None) == (PREEMPTED, "SIGUSR1")
+    assert slurm.previous_stop(records, None) == (PREEMPTED, "SIGUSR1")
 
 
 def test_the_job_event_and_its_words():
-    job = scheduler.detect(JOB | {"SLURM_RESTART_COUNT": "2", "SLURMD_NODENAME": "n1"})
+    job = slurm.detect(JOB | {"SLURM_RESTART_COUNT": "2", "SLURMD_NODENAME": "n1"})
     assert isinstance(job, Job)
-    record = scheduler.event(job, (TIME_LIMIT, "SIGUSR1"), 51)
+    record = slurm.event(job, (TIME_LIMIT, "SIGUSR1"), 51)
     assert record == {
         "event": "job",
         "scheduler": "slurm",
@@ -124,30 +124,26 @@ def test_the_job_event_and_its_words():
         "previous_signal": "SIGUSR1",
         "previous_job_id": None,
     }
-    assert scheduler.describe(record) == "SLURM job 41 restart 2 after time limit (SIGUSR1)"
-    assert scheduler.event(job, (TIME_LIMIT, "SIGUSR1"), 51, "41")["previous_job_id"] is None
-    first = scheduler.event(job, None, 0)
+    assert slurm.describe(record) == "SLURM job 41 restart 2 after time limit (SIGUSR1)"
+    assert slurm.event(job, (TIME_LIMIT, "SIGUSR1"), 51, "41")["previous_job_id"] is None
+    first = slurm.event(job, None, 0)
     assert first["previous_stop"] is None
-    assert scheduler.describe(first) == "SLURM job 41 restart 2"
+    assert slurm.describe(first) == "SLURM job 41 restart 2"
     # the journal is not signed: a field of the wrong type reads as unknown, never fails
-    assert scheduler.describe({"restart": "2", "previous_stop": 3}) == "? job None"
+    assert slurm.describe({"restart": "2", "previous_stop": 3}) == "? job None"
 
 
 def test_a_run_continued_in_another_job_is_not_called_requeued():
-    job = scheduler.detect({"SLURM_JOB_ID": "41"})
+    job = slurm.detect({"SLURM_JOB_ID": "41"})
     assert isinstance(job, Job)
-    record = scheduler.event(job, (PREEMPTED, "SIGTERM"), 30, "40")
+    record = slurm.event(job, (PREEMPTED, "SIGTERM"), 30, "40")
     assert (record["previous_stop"], record["previous_job_id"]) == ("preempted", "40")
-    assert (
-        scheduler.describe(record) == "SLURM job 41 restart 0 after preempted (SIGTERM) in job 40"
-    )
-    limit = scheduler.event(job, (TIME_LIMIT, "SIGUSR1"), 30, "40")
-    assert (
-        scheduler.describe(limit) == "SLURM job 41 restart 0 after time limit (SIGUSR1) in job 40"
-    )
+    assert slurm.describe(record) == "SLURM job 41 restart 0 after preempted (SIGTERM) in job 40"
+    limit = slurm.event(job, (TIME_LIMIT, "SIGUSR1"), 30, "40")
+    assert slurm.describe(limit) == "SLURM job 41 restart 0 after time limit (SIGUSR1) in job 40"
     records = [START, job_record("40", 0), STEP, preempted("SIGTERM")]
-    assert scheduler.previous_job(records) == job_record("40", 0)
-    assert scheduler.previous_job([job_record("40", 0), START, STEP]) is None
+    assert slurm.previous_job(records) == job_record("40", 0)
+    assert slurm.previous_job([job_record("40", 0), START, STEP]) is None
 
 
 def job_record(job_id: str, restart: int) -> dict:
@@ -175,9 +171,9 @@ def saved(step: int) -> dict:
     ],
 )
 def test_a_second_run_in_the_same_job_instance(records, restart, expected):
-    job = scheduler.detect({"SLURM_JOB_ID": "41", "SLURM_RESTART_COUNT": str(restart)})
+    job = slurm.detect({"SLURM_JOB_ID": "41", "SLURM_RESTART_COUNT": str(restart)})
     assert isinstance(job, Job)
-    assert scheduler.ran_to_end(records, job, 30) == expected
+    assert slurm.ran_to_end(records, job, 30) == expected
 
 
 @pytest.mark.parametrize(
@@ -191,7 +187,7 @@ def test_a_second_run_in_the_same_job_instance(records, restart, expected):
     ],
 )
 def test_when_a_run_requeues_its_own_job(requeue, signal, expected):
-    assert scheduler.should_requeue(ClusterConfig(requeue=requeue), signal) is expected
+    assert slurm.should_requeue(ClusterConfig(requeue=requeue), signal) is expected
 
 
 @pytest.mark.parametrize(

@@ -50,7 +50,7 @@ def test_each_start_in_a_job_journals_its_restart_and_the_stop_before(
     monkeypatch.delenv("SLURM_RESTART_COUNT", raising=False)
     ck, state, at = start(tmp_path, signer, trust, prov)
     steps(ck, state, at, 3)  # then "killed": no close, no summary
-    ck._release()
+    ck._restorer.release()
     ck.journal.close()
 
     monkeypatch.setenv("SLURM_RESTART_COUNT", "1")

@@ -10,8 +10,8 @@ from recovery.errors import RollbackError
 from recovery.format.layout import step_dir_name
 from recovery.integrity import seal
 from recovery.integrity.signing import TrustStore
-from recovery.run import history
 from recovery.run.journal import Journal, read, read_numbered
+from recovery.run.restoring import history
 from tests.conftest import make_signer
 from tests.unit.test_checkpointer import _keys, run  # noqa: F401 - _keys: an autouse fixture
 

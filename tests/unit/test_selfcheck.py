@@ -1,4 +1,4 @@
-"""recovery.run.selfcheck: the comparison of redone steps (table tests) and the watcher."""
+"""recovery.run.restoring.selfcheck: the comparison of redone steps (table tests), the watcher."""
 
 from __future__ import annotations
 
@@ -8,10 +8,10 @@ import pytest
 
 from recovery.config import ResumeCheckConfig
 from recovery.errors import ConfigError, InexactResumeError
-from recovery.run import selfcheck
-from recovery.run.history import from_records
 from recovery.run.journal import Journal, read
-from recovery.run.selfcheck import ResumeCheck, compare, same
+from recovery.run.restoring import selfcheck
+from recovery.run.restoring.history import from_records
+from recovery.run.restoring.selfcheck import ResumeCheck, compare, same
 
 
 @pytest.mark.parametrize(

@@ -15,8 +15,8 @@ from submitit.core.job_environment import JobEnvironment
 from submitit.core.utils import DelayedSubmission, JobPaths
 
 from recovery.errors import Preempted
-from recovery.run.preemption import PreemptionGuard
-from recovery.run.submitit import Requeueable, preemption_signal
+from recovery.run.scheduling.preemption import PreemptionGuard
+from recovery.run.scheduling.submitit import Requeueable, preemption_signal
 
 
 class Env(JobEnvironment):

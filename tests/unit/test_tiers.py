@@ -1,4 +1,4 @@
-"""The local tier (checkpoint.local, recovery.run.tiers): its policies as tables, and in
+"""The local tier (checkpoint.local, recovery.run.tiers.rules): its policies as tables, and in
 process: promotion, resume across tiers, a damaged snapshot's fallback, the RAM check."""
 
 import json
@@ -10,9 +10,10 @@ import torch
 from recovery.config import LocalConfig
 from recovery.errors import ConfigError, RunDirInUseError, StorageError
 from recovery.format.layout import scan, step_dir_name
-from recovery.run import resume, tiers
 from recovery.run.journal import read
-from recovery.run.tiers import LOCAL, PERSISTENT
+from recovery.run.restoring import choose
+from recovery.run.tiers import rules
+from recovery.run.tiers.rules import LOCAL, PERSISTENT
 from tests.conftest import tiny_state, train_steps
 from tests.unit.tiered import checkpointer, crash_at
 
@@ -31,7 +32,7 @@ P, L = Path("/p"), Path("/l")
     ],
 )
 def test_latest_tries_the_newest_step_first_and_local_first_at_a_step(persistent, local, expected):
-    got = tiers.order([(s, P / str(s)) for s in persistent], [(s, L / str(s)) for s in local])
+    got = rules.order([(s, P / str(s)) for s in persistent], [(s, L / str(s)) for s in local])
     assert [(c.step, c.tier) for c in got] == expected
     assert all(c.path == (L if c.tier == LOCAL else P) / str(c.step) for c in got)
     assert got == sorted(got, key=lambda c: -c.step)
@@ -50,7 +51,7 @@ def test_latest_tries_the_newest_step_first_and_local_first_at_a_step(persistent
     ],
 )
 def test_retire_keeps_the_newest_and_what_a_promotion_copies(held, newest, pinned, gone):
-    assert tiers.retire([(s, L / str(s)) for s in held], newest, pinned) == [
+    assert rules.retire([(s, L / str(s)) for s in held], newest, pinned) == [
         L / str(s) for s in gone
     ]
 
@@ -65,20 +66,20 @@ def test_retire_keeps_the_newest_and_what_a_promotion_copies(held, newest, pinne
     ],
 )
 def test_a_step_stays_pinned_while_any_of_its_readers_holds_it(held, released, pinned):
-    pins = tiers.Pins()
+    pins = rules.Pins()
     for step in held:
         pins.add(step)
     for step in released:
         pins.discard(step)
     assert {s for s in (6, 8) if s in pins} == pinned
     on_disk = [(s, L / str(s)) for s in (6, 8, 10)]
-    assert tiers.retire(on_disk, 10, pins) == [L / str(s) for s in (6, 8) if s not in pinned]
+    assert rules.retire(on_disk, 10, pins) == [L / str(s) for s in (6, 8) if s not in pinned]
 
 
 def test_a_restart_discards_snapshots_of_steps_after_it():
     held = [(s, L / str(s)) for s in (2, 4, 6)]
-    assert tiers.newer(held, 4) == [L / "6"]
-    assert tiers.newer(held, 6) == []
+    assert rules.newer(held, 4) == [L / "6"]
+    assert rules.newer(held, 6) == []
 
 
 @pytest.mark.parametrize(
@@ -86,7 +87,7 @@ def test_a_restart_discards_snapshots_of_steps_after_it():
     [(100, 300, True), (100, 299, False), (0, 0, True), (1 << 30, 4 << 30, True)],
 )
 def test_room_needs_held_snapshots(size, free, fits):
-    why = tiers.room(size, free)
+    why = rules.room(size, free)
     assert (why is None) == fits
     if not fits:
         assert "3 snapshots" in why
@@ -104,7 +105,7 @@ def test_room_needs_held_snapshots(size, free, fits):
 def test_young_daly_per_tier_and_the_work_lost_per_failure(
     cost, local_cost, host_loss, local, persistent, lost_two
 ):
-    got = tiers.plan(cost, local_cost, 86400, host_loss)
+    got = rules.plan(cost, local_cost, 86400, host_loss)
     assert got["one_tier_interval_s"] == pytest.approx(3219.9, abs=0.1)
     assert got["one_tier_loss_per_failure_s"] == pytest.approx(1610.0, abs=0.1)
     assert got["local_interval_s"] == pytest.approx(local, abs=0.1)
@@ -132,17 +133,17 @@ def test_plan_compares_one_tier_with_two(capsys):
 
 
 def test_the_local_directory_is_per_run_directory_and_rank(tmp_path):
-    a = tiers.local_dir("/dev/shm/recovery", tmp_path / "a" / "run", 0)
+    a = rules.local_dir("/dev/shm/recovery", tmp_path / "a" / "run", 0)
     assert a.parent.parent == Path("/dev/shm/recovery") and a.name == "rank0"
     assert a.parent.name.startswith("run-")
-    assert tiers.local_dir("/dev/shm/recovery", tmp_path / "b" / "run", 0) != a
-    assert tiers.local_dir("/dev/shm/recovery", tmp_path / "a" / "run", 1).parent == a.parent
+    assert rules.local_dir("/dev/shm/recovery", tmp_path / "b" / "run", 0) != a
+    assert rules.local_dir("/dev/shm/recovery", tmp_path / "a" / "run", 1).parent == a.parent
 
 
 def test_refused_with_what_it_does_not_support_yet():
-    tiers.check_supported(differential=False)
+    rules.check_supported(differential=False)
     with pytest.raises(ConfigError, match="checkpoint.differential"):
-        tiers.check_supported(differential=True)
+        rules.check_supported(differential=True)
     with pytest.raises(ConfigError, match="checkpoint.local.every_steps"):
         LocalConfig(every_steps=-1)
 
@@ -169,7 +170,7 @@ def test_latest_resumes_the_newer_local_snapshot_and_promotes_it(
     # interval=auto plans the persistent tier with the promotion's write, not the snapshot's pause
     assert ck.cadence.costs == [promoted[0]["write_s"]] != [promoted[0]["pause_s"]]
     # the persistent copy holds the snapshot's files: the same root digest, signed again
-    six = resume.load(ck.run_dir / step_dir_name(6), trust)
+    six = choose.load(ck.run_dir / step_dir_name(6), trust)
     assert six.manifest.recovery.get("promoted") is True and "tier" not in six.manifest.recovery
 
     state = tiny_state()
@@ -184,7 +185,7 @@ def test_latest_resumes_the_newer_local_snapshot_and_promotes_it(
     event = [r for r in read(ck.run_dir / "metrics.jsonl") if r.get("event") == "resume"][-1]
     assert (event["step"], event["tier"]) == (8, LOCAL)
     assert [s for s, _ in scan(ck.run_dir).committed] == [6, 8]
-    eight = resume.load(ck.run_dir / step_dir_name(8), trust)
+    eight = choose.load(ck.run_dir / step_dir_name(8), trust)
     assert eight.manifest.root == again.identity.previous["sha256"]
     assert again.identity.lineage[-1]["from"]["tier"] == LOCAL
     again.close()  # 8 is persistent now: the local directory goes
@@ -216,14 +217,14 @@ def test_a_local_tier_that_would_not_fit_is_refused_in_one_line_before_the_first
     tmp_path, signer, trust, prov, monkeypatch
 ):
     ck = checkpointer(tmp_path, signer, trust, prov)
-    real = tiers.shutil.disk_usage
+    real = rules.shutil.disk_usage
     monkeypatch.setattr(
-        tiers.shutil, "disk_usage", lambda p: real(p)._replace(free=1000)
+        rules.shutil, "disk_usage", lambda p: real(p)._replace(free=1000)
     )  # a /dev/shm of 1000 bytes
     with pytest.raises(StorageError, match=r"^checkpoint.local.root: the local tier in .* needs"):
         ck.restore(tiny_state(), "latest")
     ck.close()
-    assert ck._lock is None  # refused: the run directory is free again
+    assert not ck._restorer.locked  # refused: the run directory is free again
 
 
 def test_ls_and_audit_show_the_local_snapshots_and_the_resume_s_tier(

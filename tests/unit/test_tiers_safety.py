@@ -15,8 +15,10 @@ from recovery import faults
 from recovery.errors import CommitError, StorageError, UnsafePathError
 from recovery.format.layout import TEMP_MARK, scan, step_dir_name
 from recovery.integrity.private import PrivateDir
-from recovery.run import resume, retention, tiers
 from recovery.run.journal import read
+from recovery.run.restoring import choose
+from recovery.run.saving import retention
+from recovery.run.tiers import rules
 from recovery.storage import tracking
 from tests.conftest import tiny_state, train_steps
 from tests.unit.tiered import checkpointer, crash_at
@@ -87,7 +89,7 @@ def test_close_keeps_the_snapshot_whose_promotion_failed_though_the_failure_was_
     ck.close()
     assert [s for s, _ in scan(ck.run_dir).committed] == [6]
     assert [s for s, _ in ck.local.held()] == [12]  # step 12's only copy, still there
-    resume.load(snap, trust)  # and it verifies
+    choose.load(snap, trust)  # and it verifies
 
 
 def test_a_preemption_at_a_saved_step_waits_for_its_promotion(
@@ -151,7 +153,7 @@ def _refused(tmp_path, signer, trust, prov, error, match):
         ck.restore(tiny_state(), "latest")
     ck.close()
     assert "\n" not in str(got.value) and str(got.value).startswith(f"{KEY}: ")
-    assert ck._lock is None
+    assert not ck._restorer.locked
     return ck
 
 
@@ -161,7 +163,7 @@ def test_a_planted_link_on_the_way_is_refused_and_nothing_written_through_it(
     elsewhere = tmp_path / "theirs"
     elsewhere.mkdir(mode=0o700)
     run_dir = (tmp_path / "run").resolve()
-    planted = tiers.local_dir(tmp_path / "shm", run_dir, 0).parent
+    planted = rules.local_dir(tmp_path / "shm", run_dir, 0).parent
     planted.parent.mkdir(mode=0o700)
     planted.symlink_to(elsewhere)
     _refused(tmp_path, signer, trust, prov, UnsafePathError, "is a symlink")
@@ -197,8 +199,8 @@ def test_a_local_directory_swapped_after_it_was_made_is_refused(tmp_path):
 
 
 def test_a_refused_start_leaves_no_directory_it_made(tmp_path, signer, trust, prov, monkeypatch):
-    real = tiers.shutil.disk_usage
-    monkeypatch.setattr(tiers.shutil, "disk_usage", lambda p: real(p)._replace(free=1000))
+    real = rules.shutil.disk_usage
+    monkeypatch.setattr(rules.shutil, "disk_usage", lambda p: real(p)._replace(free=1000))
     _refused(tmp_path, signer, trust, prov, StorageError, "needs")
     # the per-user root stays (another run of this user's may be making its directory in it)
     assert list((tmp_path / "shm").iterdir()) == []
@@ -236,13 +238,13 @@ def test_the_ram_check_runs_again_with_the_first_snapshot_s_real_size(
 ):
     """A fresh run's Adam state appears at its first step: the start-up estimate is short."""
     ck = checkpointer(tmp_path, signer, trust, prov, final=12)
-    real = tiers.shutil.disk_usage
+    real = rules.shutil.disk_usage
     room = {"free": 1 << 40}
-    monkeypatch.setattr(tiers.shutil, "disk_usage", lambda p: real(p)._replace(free=room["free"]))
+    monkeypatch.setattr(rules.shutil, "disk_usage", lambda p: real(p)._replace(free=room["free"]))
     state = tiny_state(width=256)
     ck.restore(state, "latest")
     (started,) = [r for r in read(ck.run_dir / "metrics.jsonl") if r.get("event") == "local_tier"]
-    room["free"] = tiers.HELD * started["snapshot_bytes"]  # what the estimate needed
+    room["free"] = rules.HELD * started["snapshot_bytes"]  # what the estimate needed
     train_steps(state, 1)
     ck.maybe_save(state, 1)
     train_steps(state, 1)
@@ -270,16 +272,16 @@ def test_the_ram_check_runs_again_with_the_first_snapshot_s_real_size(
 def test_the_room_for_snapshots_is_bounded_by_memory_when_the_root_is_in_ram(
     free, ram, held, staging, room
 ):
-    assert tiers.available(free, ram, held, staging) == room
+    assert rules.available(free, ram, held, staging) == room
 
 
 def test_which_filesystem_and_how_much_memory():
     mounts = "/dev/vda / ext4 rw 0 0\ntmpfs /dev/shm tmpfs rw 0 0\nx /dev/shm/a\\040b ext4 rw 0 0\n"
-    assert tiers.mounted_type(Path("/dev/shm/recovery-0"), mounts) == "tmpfs"
-    assert tiers.mounted_type(Path("/dev/shmx"), mounts) == "ext4"
-    assert tiers.mounted_type(Path("/dev/shm/a b/c"), mounts) == "ext4"
-    assert tiers.mem_available("MemTotal: 8 kB\nMemAvailable:    2048 kB\n") == 2 << 20
-    assert tiers.mem_available("MemTotal: 8 kB\n") is None
+    assert rules.mounted_type(Path("/dev/shm/recovery-0"), mounts) == "tmpfs"
+    assert rules.mounted_type(Path("/dev/shmx"), mounts) == "ext4"
+    assert rules.mounted_type(Path("/dev/shm/a b/c"), mounts) == "ext4"
+    assert rules.mem_available("MemTotal: 8 kB\nMemAvailable:    2048 kB\n") == 2 << 20
+    assert rules.mem_available("MemTotal: 8 kB\n") is None
 
 
 def test_a_local_snapshot_copied_into_the_run_directory_is_never_a_persistent_checkpoint(
@@ -355,7 +357,7 @@ CGROUP_FILES = {
     ],
 )
 def test_a_jobs_memory_limit_bounds_the_room_in_ram(cgroups, room):
-    assert tiers.cgroup_room(cgroups, CGROUP_FILES.get) == room
+    assert rules.cgroup_room(cgroups, CGROUP_FILES.get) == room
 
 
 def test_a_deleted_run_does_not_come_back_from_ram(tmp_path, signer, trust, prov, caplog):
@@ -382,4 +384,4 @@ def test_a_link_planted_as_a_newer_snapshot_is_refused_at_start(tmp_path, signer
     with pytest.raises(UnsafePathError, match="holds symlinks, which the local tier never writes"):
         again.restore(tiny_state(), "latest")
     again.close()
-    assert again._lock is None and (elsewhere / "model.sig").exists()  # nothing touched there
+    assert not again._restorer.locked and (elsewhere / "model.sig").exists()  # nothing touched

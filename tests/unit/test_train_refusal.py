@@ -29,7 +29,7 @@ def holding(run_dir: Path, *steps: int) -> Path:
 
 def the_runs_own_refusal(run_dir: Path) -> str:
     """The message of the check the run makes after it takes the lock (the same function)."""
-    from recovery.run import rundir
+    from recovery.run.restoring import rundir
 
     with pytest.raises(RunDirInUseError) as caught:
         rundir.refuse_reuse(run_dir)

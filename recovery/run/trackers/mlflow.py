@@ -40,8 +40,8 @@ from typing import Any
 
 from recovery.config import parse_duration
 from recovery.run import journal as journal_mod
-from recovery.run import selfcheck
 from recovery.run.journal import Journal
+from recovery.run.restoring import selfcheck
 from recovery.run.trackers.base import Tracker, finite, scalars
 from recovery.run.trackers.config import MlflowConfig
 

@@ -26,7 +26,7 @@ import time
 from pathlib import Path
 from typing import Any
 
-from recovery.run import selfcheck
+from recovery.run.restoring import selfcheck
 from recovery.run.trackers.base import Tracker, finite, scalars
 
 FLUSH_S = 10

@@ -38,7 +38,7 @@ from recovery.format.layout import DISTRIBUTED, METRICS_FILE, step_dir_name
 from recovery.integrity import reader
 from recovery.integrity.signing import TrustStore
 from recovery.provenance import purpose
-from recovery.run import resume
+from recovery.run.restoring import choose
 from recovery.state.sampler import ResumableSampler
 from recovery.tools import killpoints
 from recovery.tools.drill.pace import Pace, Say
@@ -257,7 +257,7 @@ def preflight(path: Path, trust: TrustStore) -> dict[str, Any]:
     # training state to decode, and that is the refusal, not a failed drill
     mf = reader.read_manifest(path, trust)
     purpose.check_use(purpose.RESUME, mf.purpose, where=str(path))
-    loaded = resume.load(path, trust)
+    loaded = choose.load(path, trust)
     expect = loaded.decoded.meta.get("expect")
     if not expect:
         raise DrillError(f"{path}: records no expectations (written before preflight existed)")

@@ -19,8 +19,8 @@ import torch
 
 from recovery.format.layout import METRICS_FILE
 from recovery.integrity.signing import TrustStore
-from recovery.run import resume
 from recovery.run.journal import effective_steps, read
+from recovery.run.restoring import choose
 
 log = logging.getLogger(__name__)
 
@@ -112,8 +112,8 @@ def compare_final(
         VerificationError: either checkpoint does not verify.
         CheckpointNotFoundError: either is not there.
     """
-    ta = resume.load(ref, trust, allow_untrusted=allow_untrusted).decoded.tree
-    tb = resume.load(victim, trust, allow_untrusted=allow_untrusted).decoded.tree
+    ta = choose.load(ref, trust, allow_untrusted=allow_untrusted).decoded.tree
+    tb = choose.load(victim, trust, allow_untrusted=allow_untrusted).decoded.tree
     diffs: list[str] = []
     for component in components:
         fa, fb = flat_tensors(ta.get(component)), flat_tensors(tb.get(component))

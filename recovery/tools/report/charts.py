@@ -19,7 +19,7 @@ from itertools import pairwise
 from typing import Any, TypeGuard
 
 from recovery.errors import ConfigError
-from recovery.run import scheduler
+from recovery.run.scheduling import slurm
 from recovery.tools.report.run import ENDED, PREEMPTED, Checkpoint, Story
 
 MAX_POINTS = 4000
@@ -142,7 +142,7 @@ def _marks(ax: Any, story: Story) -> None:
         ax.axvline(resume.step, color=colour, lw=1, ls="--")
         ax.annotate(  # staggered: resumes close together keep their labels apart
             f"resumed from {resume.name}\nhealth {resume.verdict}"
-            + (f"\n{scheduler.describe(resume.job)}" if resume.job else ""),
+            + (f"\n{slurm.describe(resume.job)}" if resume.job else ""),
             (resume.step, 1.0 - 0.16 * (i % 4)),
             xycoords=("data", "axes fraction"),
             xytext=(3, -2),

@@ -2,7 +2,7 @@
 
 A pure function of the journal's story (:mod:`recovery.tools.report.run`): the measured
 cost C of a save to the run (the mean ``pause_s``: the whole save for synchronous saves,
-the pause for async ones, as :mod:`recovery.run.cadence` measures it), the checkpoint
+the pause for async ones, as :mod:`recovery.run.scheduling.cadence` measures it), the checkpoint
 fraction each completed process recorded (``run_summary``) and over all of them, the
 interval the run used (``every_steps`` at the measured seconds per step, or the auto
 interval's own seconds), and :func:`recovery.run.policy.plan`'s arithmetic for it and

@@ -18,9 +18,10 @@ from dataclasses import dataclass, field
 from pathlib import PurePath
 from typing import Any
 
-from recovery.run import scheduler, selfcheck
-from recovery.run.history import BEGIN_EVENTS
 from recovery.run.journal import is_step
+from recovery.run.restoring import selfcheck
+from recovery.run.restoring.history import BEGIN_EVENTS
+from recovery.run.scheduling import slurm
 
 COMPLETED, PREEMPTED, ENDED = "completed", "preempted", "ended without a summary"
 """How a process ended: its ``run_summary``; a preemption (``checkpoint.preempt_exit_code``);
@@ -42,12 +43,12 @@ class Process:
     preempted: dict[str, Any] | None = None
     job: dict[str, Any] | None = None
     """Its ``job`` event: the scheduler job it ran in, the job's restart count and how
-    the process before stopped (:mod:`recovery.run.scheduler`); ``None``: no scheduler."""
+    the process before stopped (:mod:`recovery.run.scheduling.slurm`); ``None``: no scheduler."""
 
     @property
     def scheduled(self) -> str:
         """``SLURM job 41 restart 2 after time limit (SIGUSR1)``, or ``-``."""
-        return scheduler.describe(self.job) if self.job else "-"
+        return slurm.describe(self.job) if self.job else "-"
 
 
 @dataclass
@@ -66,7 +67,7 @@ class Resume:
     resharded: dict[str, Any] | None = None
     replaced_run: str | None = None
     tier: str = "persistent"
-    """The tier it came from (``local``: a RAM snapshot, :mod:`recovery.run.tiers`)."""
+    """The tier it came from (``local``: a RAM snapshot, :mod:`recovery.run.tiers.rules`)."""
     health: dict[str, Any] | None = None
     """The ``resume_health`` verdict on it (``None``: the run did not get that far)."""
     previous_end: str = ENDED
@@ -212,7 +213,7 @@ def story(records: Iterable[dict[str, Any]]) -> Story:
             proc.ended, proc.summary = COMPLETED, rec
         elif event == "preempted":
             proc.ended, proc.preempted = PREEMPTED, rec
-        elif event == scheduler.EVENT and proc.job is None:
+        elif event == slurm.EVENT and proc.job is None:
             proc.job = rec
             if proc.kind == "resume" and out.resumes:
                 out.resumes[-1].job = rec

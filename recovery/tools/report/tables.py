@@ -9,7 +9,7 @@ from __future__ import annotations
 from collections.abc import Sequence
 from typing import Any
 
-from recovery.run import scheduler
+from recovery.run.scheduling import slurm
 from recovery.tools.report.cost import duration
 from recovery.tools.report.html import Cell, badge, para, table
 from recovery.tools.report.run import Checkpoint, Story, items, num
@@ -59,7 +59,7 @@ def resumes_table(st: Story) -> str:
                 badge(r.checked, "warn" if r.checked.startswith("INEXACT") else "ok")
                 if r.check
                 else Cell("not compared", "muted"),
-                r.previous_end + (f"; {scheduler.describe(r.job)}" if r.job else ""),
+                r.previous_end + (f"; {slurm.describe(r.job)}" if r.job else ""),
             ]
         )
     head = [

@@ -3,7 +3,7 @@
 A :class:`SaveJob` holds everything decided when the save was asked for (the
 artifact's path, purpose and contract, the signed statement with the run's
 links as of this step, the metadata, the resolved config). Writing it needs
-only the state's tensors, which the strategy in :mod:`recovery.run.savers`
+only the state's tensors, which the strategy in :mod:`recovery.run.writing.strategies`
 obtains its own way (straight from the model, from staging buffers, or per
 rank). Keeping the decision a value is what lets it run on another thread
 without reading the checkpointer's mutable state there.
@@ -24,8 +24,8 @@ from recovery.format.manifest import FileRecord, Manifest
 from recovery.integrity import chain, commit
 from recovery.integrity.signing import Signer
 from recovery.provenance import purpose
-from recovery.run.differential import Plan
-from recovery.run.restore import Identity
+from recovery.run.status import Identity
+from recovery.run.writing.differential import Plan
 from recovery.state import snapshot
 
 Tensors = dict[str, dict[str, torch.Tensor]]

@@ -17,7 +17,7 @@ it reshards onto any world size), so each rank's promotion thread instead
 3. agrees with the other ranks that every one of them could (if any could not, all
    raise, and nothing is written);
 4. runs the collective protocol over a gloo group of its own
-   (:meth:`~recovery.run.savers.Ranks.commit_parts`): rank 0 signs and commits a
+   (:meth:`~recovery.run.writing.strategies.Ranks.commit_parts`): rank 0 signs and commits a
    statement saying ``promoted: true``; the journal's record says ``mode: promoted``.
 
 The training thread paused once, for the snapshot. Every rank snapshots and promotes the
@@ -46,14 +46,14 @@ from recovery.parallel import world as distributed
 from recovery.parallel.collectives import Group
 from recovery.parallel.multirank import Parts
 from recovery.provenance import lineage
-from recovery.run import job as job_mod
-from recovery.run import tiers
-from recovery.run.filepromotion import Then
-from recovery.run.job import SaveJob, Tensors, split
-from recovery.run.savers import Ranks
-from recovery.run.staging import host_dtensor
-from recovery.run.tiers import Pins
-from recovery.run.writer import BackgroundWriter
+from recovery.run.tiers import rules
+from recovery.run.tiers.filepromotion import Then
+from recovery.run.tiers.rules import Pins
+from recovery.run.writing import job as job_mod
+from recovery.run.writing.job import SaveJob, Tensors, split
+from recovery.run.writing.staging import host_dtensor
+from recovery.run.writing.strategies import Ranks
+from recovery.run.writing.writer import BackgroundWriter
 from recovery.state import snapshot
 from recovery.state.registry import MODEL, OPTIMIZER, RNG, TrainState
 
@@ -93,7 +93,7 @@ def parts_of(
     tree: dict[str, Any], like: dict[str, Any], *, leader: bool
 ) -> tuple[Parts, tuple[dict[str, Any], Tensors]]:
     """What the collective save writes of a decoded snapshot ``tree``
-    (:func:`recovery.run.peertier.tree`): this rank's :class:`Parts` and, on rank 0
+    (:func:`recovery.run.tiers.peertier.tree`): this rank's :class:`Parts` and, on rank 0
     (``leader``), the replicated components split into skeletons and tensors.
 
     Raises:
@@ -200,7 +200,7 @@ class RankPromotion:
             there = 2
             with contextlib.suppress(RecoveryError):
                 mf = listed.read_manifest(final, source.trust, allow_untrusted=source.untrusted)
-                there = 1 if mf.recovery.get("tier") != tiers.LOCAL else 2
+                there = 1 if mf.recovery.get("tier") != rules.LOCAL else 2
         there = distributed.broadcast_int(there)
         if there == 2:  # never written over: what the resume passed over stays for a person
             log.warning(

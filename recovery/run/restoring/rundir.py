@@ -18,13 +18,14 @@ from recovery.integrity.lock import RunLock
 from recovery.integrity.signing import TrustStore
 from recovery.parallel import world as distributed
 from recovery.parallel.world import World
-from recovery.run import branches, history, retention
+from recovery.run.restoring import branches, history
+from recovery.run.saving import retention
 
 
 def prepare(run_dir: Path, world: World, journal: Path, events_trust: TrustStore) -> RunLock | None:
     """Before a run touches its directory: rank 0 creates it, takes the writer's lock, and
     only then removes the temp directories of dead writes and finishes an interrupted
-    move of an abandoned branch (:mod:`recovery.run.branches`) that the journal's sealed
+    move of an abandoned branch (:mod:`recovery.run.restoring.branches`) that the journal's sealed
     events (verified with ``events_trust``) record; every rank waits for that.
 
     Returns:

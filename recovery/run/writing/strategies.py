@@ -1,7 +1,7 @@
 """Where a save runs: inline, on the background writer, or across the ranks of a job.
 
 The checkpointer picks one strategy at construction (:func:`choose`) and hands
-it each :class:`~recovery.run.job.SaveJob`; the strategy obtains the state's
+it each :class:`~recovery.run.writing.job.SaveJob`; the strategy obtains the state's
 tensors its own way, writes the job, and reports the commit with its
 :class:`Cost` to the checkpointer's ``committed`` callback (lineage,
 retention, cost record, DVC). Rejected: ``if distributed / elif async``
@@ -27,9 +27,9 @@ from recovery.parallel import world as distributed
 from recovery.parallel.collectives import WORLD, Collectives, Group
 from recovery.parallel.world import World
 from recovery.run import policy
-from recovery.run.job import SaveJob, Tensors, split
-from recovery.run.staging import Staging
-from recovery.run.writer import BackgroundWriter
+from recovery.run.writing.job import SaveJob, Tensors, split
+from recovery.run.writing.staging import Staging
+from recovery.run.writing.writer import BackgroundWriter
 from recovery.state.registry import TrainState
 
 
@@ -45,7 +45,7 @@ class Cost:
     """From the tensors in hand to the committed directory."""
     mode: str
     """``sync``, ``async`` or ``promoted`` (a local snapshot copied to the run directory:
-    :mod:`recovery.run.tiers`)."""
+    :mod:`recovery.run.tiers.rules`)."""
 
     @property
     def planned_s(self) -> float:
@@ -155,7 +155,7 @@ class Background(Inline):
     """Copies the state into reused staging buffers and writes on the background thread.
 
     The pause is the copy; the next save waits for the one in flight, so at
-    most one is in the air (:class:`~recovery.run.writer.BackgroundWriter`).
+    most one is in the air (:class:`~recovery.run.writing.writer.BackgroundWriter`).
     """
 
     def __init__(self, signer: Signer, committed: Committed) -> None:

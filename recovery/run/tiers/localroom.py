@@ -1,7 +1,7 @@
 """What the local tier's RAM check counts for one rank (issue 30): how many snapshot-sized
 copies it keeps, which of those already there are replaced rather than added, and, under
 ``torchrun``, one verdict for every rank (:func:`agreed`). The check itself is
-:func:`recovery.run.tiers.fit`; :class:`~recovery.run.localtier.LocalTier` runs it at
+:func:`recovery.run.tiers.rules.fit`; :class:`~recovery.run.tiers.localtier.LocalTier` runs it at
 start-up and again with the first snapshot's real size."""
 
 from __future__ import annotations
@@ -10,17 +10,17 @@ from collections.abc import Callable, Sequence
 from pathlib import Path
 
 from recovery.errors import StorageError
-from recovery.run import tiers
-from recovery.run.peertier import Peers
+from recovery.run.tiers import rules
+from recovery.run.tiers.peertier import Peers
 
 
 def copies(peers: Peers | None) -> int:
-    """The snapshot-sized copies a rank keeps at most: its own (:data:`~recovery.run.tiers.
-    HELD`) and under ``torchrun`` its peers' (:meth:`~recovery.run.peertier.Peers.copies`),
+    """The snapshot-sized copies a rank keeps at most: its own (:data:`~recovery.run.tiers.rules.
+    HELD`) and under ``torchrun`` its peers' (:meth:`~recovery.run.tiers.peertier.Peers.copies`),
     for every rank of the node (they share its RAM)."""
     if peers is None:
-        return tiers.HELD
-    return (tiers.HELD + peers.copies()) * len(peers.node_ranks)
+        return rules.HELD
+    return (rules.HELD + peers.copies()) * len(peers.node_ranks)
 
 
 def freeable(peers: Peers | None, held: Sequence[tuple[int, Path]]) -> list[Path]:

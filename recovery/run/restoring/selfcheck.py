@@ -22,7 +22,7 @@ into :class:`~recovery.errors.InexactResumeError` (exit 30) at that step, before
 anything after it is saved.
 
 What is compared costs nothing extra to read: the resume already reads the
-journal once (:mod:`recovery.run.history`), and only the records of steps after
+journal once (:mod:`recovery.run.restoring.history`), and only the records of steps after
 the checkpoint are kept. :func:`compare` is a pure function (table-tested).
 
 Rejected: comparing only the loss. A data-order mistake shows first in the
@@ -296,7 +296,7 @@ class ResumeCheck:
 
     def finish(self) -> None:
         """Write the summary once: at the last redone step, or when the run ends before it
-        (:meth:`recovery.run.ending.Ending.close`), if there was anything to redo."""
+        (:meth:`recovery.run.saving.ending.Ending.close`), if there was anything to redo."""
         if self.done:
             return
         self.done = True

@@ -21,7 +21,7 @@ from typing import Any
 from recovery import faults
 from recovery.format.layout import ABANDONED_DIR, scan
 from recovery.integrity import commit, nofollow
-from recovery.run.history import History
+from recovery.run.restoring.history import History
 from recovery.storage import tracking
 
 log = logging.getLogger(__name__)

@@ -5,7 +5,7 @@ Under ``torchrun`` a rank's local snapshot is a continuation checkpoint of what 
 holds (its own RNG streams, the data position, and model and optimizer keyed by parameter
 name: DDP's replicated tensors or this rank's FSDP2 shards, :mod:`recovery.parallel.rankstate`),
 written by
-:class:`~recovery.run.localtier.LocalTier` into ``rank<r>/`` of its node's run directory
+:class:`~recovery.run.tiers.localtier.LocalTier` into ``rank<r>/`` of its node's run directory
 in RAM, its statement saying ``rank`` and
 ``world_size``. Once it commits, a background thread sends it over a gloo group of its own
 to ``checkpoint.local.replicas`` peers (:func:`recovery.parallel.replicas.offsets`: by
@@ -26,7 +26,7 @@ snapshot; if any rank's does not verify, every rank passes that step over togeth
 the run starts, the lowest rank of each node removes the node's tier directories no rank
 there uses now (an earlier layout's, or ranks that moved), so no branch the run left
 comes back. The persistent tier under ``torchrun`` is promoted from the snapshots, every
-rank's collectively (:mod:`recovery.run.rankpromotion`).
+rank's collectively (:mod:`recovery.run.tiers.rankpromotion`).
 """
 
 from __future__ import annotations
@@ -53,8 +53,8 @@ from recovery.parallel import rankstate, replicas, transfer
 from recovery.parallel import world as distributed
 from recovery.parallel.collectives import Group
 from recovery.parallel.world import World
-from recovery.run import tiers
-from recovery.run.writer import BackgroundWriter
+from recovery.run.tiers import rules
+from recovery.run.writing.writer import BackgroundWriter
 from recovery.state.registry import MODEL, OPTIMIZER, TrainState
 
 log = logging.getLogger(__name__)
@@ -127,7 +127,7 @@ class Peers:
         return 2 * len(self.sources) + (2 if self.offsets else 0)
 
     def replicate(
-        self, step: int, path: Path, pinned: tiers.Pins, retire: Callable[[], None]
+        self, step: int, path: Path, pinned: rules.Pins, retire: Callable[[], None]
     ) -> None:
         """Once this rank's snapshot ``path`` of ``step`` committed: send it to the peers and
         receive theirs on the background thread, after the previous round; then ``retire``
@@ -183,7 +183,7 @@ class Peers:
         drop copies of later steps (another branch); the node's lowest rank also removes
         the tier directories no rank of this node uses now."""
         for source in self.sources:
-            for p in tiers.newer(scan(self.replica_dir(source)).committed, step):
+            for p in rules.newer(scan(self.replica_dir(source)).committed, step):
                 commit.discard(p)
         if self.world.rank != min(self.node_ranks):
             return
@@ -218,7 +218,7 @@ class Peers:
                     continue
                 rec = mf.recovery
                 if (rec.get("tier"), rec.get("rank"), rec.get("world_size")) == (
-                    tiers.LOCAL,
+                    rules.LOCAL,
                     owner,
                     self.world.size,
                 ):

@@ -197,7 +197,7 @@ def handing_over() -> Iterator[None]:
     For a scheduler's client that handles the same signal itself: submitit's handler
     for its preemption signal calls the job's ``checkpoint()`` and requeues the job,
     which must happen after the checkpoint of the step boundary, not in the middle of
-    a step (:mod:`recovery.run.submitit`). Only Python handlers are called, once for
+    a step (:mod:`recovery.run.scheduling.submitit`). Only Python handlers are called, once for
     each signal the guard caught (a copy of one is the same), in arrival order;
     ``SIG_DFL`` and ``SIG_IGN`` are left alone (a preempted run exits with its own
     code; so is ``signal.default_int_handler``: a run stopped by SIGINT exits with its own

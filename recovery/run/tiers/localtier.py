@@ -1,11 +1,11 @@
 """The local tier of one rank: snapshots into node-local RAM, and their promotion.
 
-The policy and the design are in :mod:`recovery.run.tiers`; this is the part
+The policy and the design are in :mod:`recovery.run.tiers.rules`; this is the part
 that writes. :meth:`LocalTier.snapshot` commits a step's
-:class:`~recovery.run.job.SaveJob` into the local directory on the training
+:class:`~recovery.run.writing.job.SaveJob` into the local directory on the training
 thread (its pause); :meth:`LocalTier.save` does so and then promotes the snapshot
-to the run directory on a background thread (:mod:`recovery.run.filepromotion`:
-its files copied; under ``torchrun`` :mod:`recovery.run.rankpromotion`: every
+to the run directory on a background thread (:mod:`recovery.run.tiers.filepromotion`:
+its files copied; under ``torchrun`` :mod:`recovery.run.tiers.rankpromotion`: every
 rank's, collectively), reporting the persistent commit to the checkpointer's
 ``committed`` callback as a background save does.
 """
@@ -26,16 +26,16 @@ from recovery.format.layout import RANK_SNAPSHOT, step_dir_name
 from recovery.integrity import commit, listed
 from recovery.integrity.signing import Signer, TrustStore
 from recovery.parallel.world import SINGLE, World
-from recovery.run import job as job_mod
-from recovery.run import localroom, peertier, rankpromotion, tiers
-from recovery.run.filepromotion import FilePromotion, Then
-from recovery.run.job import SaveJob, Tensors, split
-from recovery.run.localdir import LocalDir
-from recovery.run.peertier import Peers
-from recovery.run.rankpromotion import RankPromotion
-from recovery.run.savers import Committed, Ranks
-from recovery.run.staging import Staging
-from recovery.run.writer import BackgroundWriter
+from recovery.run.tiers import localroom, peertier, rankpromotion, rules
+from recovery.run.tiers.filepromotion import FilePromotion, Then
+from recovery.run.tiers.localdir import LocalDir
+from recovery.run.tiers.peertier import Peers
+from recovery.run.tiers.rankpromotion import RankPromotion
+from recovery.run.writing import job as job_mod
+from recovery.run.writing.job import SaveJob, Tensors, split
+from recovery.run.writing.staging import Staging
+from recovery.run.writing.strategies import Committed, Ranks
+from recovery.run.writing.writer import BackgroundWriter
 from recovery.state.registry import TrainState
 
 log = logging.getLogger(__name__)
@@ -70,7 +70,7 @@ class LocalTier(LocalDir):
         self._snapshots = BackgroundWriter() if async_save else None
         """Snapshot writes from :attr:`_staging` (``checkpoint.async``), one at a time."""
         self._staging = Staging() if async_save else None
-        self._pinned = tiers.Pins()
+        self._pinned = rules.Pins()
         self.snapshot_bytes = 0
         """The newest snapshot's size (0: none committed yet)."""
         self._rechecked = False
@@ -79,14 +79,15 @@ class LocalTier(LocalDir):
         """Snapshots skipped since the last one was taken (:meth:`busy`)."""
         self.world = world
         self.peers = Peers(cfg, self.dir.parent, world) if world.distributed else None
-        """Under ``torchrun``: the copies of snapshots on peers (:mod:`recovery.run.peertier`)."""
+        """Under ``torchrun``: the copies of snapshots on peers
+        (:mod:`recovery.run.tiers.peertier`)."""
         self.promotion: FilePromotion | RankPromotion = (
             RankPromotion(ranks, signer, self._writer, self._pinned)
             if world.distributed and ranks
             else FilePromotion(signer, committed, self.check, self._writer, self._pinned)
         )
         """Copies of a snapshot's files, or under ``torchrun`` every rank's collective save
-        from its snapshot (:mod:`recovery.run.rankpromotion`)."""
+        from its snapshot (:mod:`recovery.run.tiers.rankpromotion`)."""
 
     def due(self, step: int) -> bool:
         """Whether ``step`` is a local snapshot's step."""
@@ -99,7 +100,7 @@ class LocalTier(LocalDir):
         return self._snapshots is not None and self._snapshots.busy
 
     def prepare(self) -> None:
-        """As :meth:`LocalDir.prepare <recovery.run.localdir.LocalDir.prepare>`, and under
+        """As :meth:`LocalDir.prepare <recovery.run.tiers.localdir.LocalDir.prepare>`, and under
         ``torchrun`` the directories of the peers' copies as well."""
         super().prepare()
         if self.peers is not None:
@@ -108,7 +109,7 @@ class LocalTier(LocalDir):
     def candidates(self, trust: TrustStore, allow_untrusted: bool) -> list[tuple[int, Path]]:
         """The snapshots a ``latest`` resume may take, oldest first: this directory's (not
         verified yet); under ``torchrun`` the job's newest step every rank holds, brought
-        here from a peer if this node lost it (:meth:`~recovery.run.peertier.Peers.gather`:
+        here from a peer if this node lost it (:meth:`~recovery.run.tiers.peertier.Peers.gather`:
         collective)."""
         if self.peers is None:
             return peertier.single(self.held(), trust, allow_untrusted)
@@ -133,7 +134,7 @@ class LocalTier(LocalDir):
         allow_untrusted: bool,
     ) -> bool:
         """At the run's first step ``step``: discard snapshots of another branch, check
-        that :data:`~recovery.run.tiers.HELD` snapshots fit, and say what they reserve.
+        that :data:`~recovery.run.tiers.rules.HELD` snapshots fit, and say what they reserve.
         Then a run ``resumed`` from a local snapshot promotes it in the background (unless its
         step is in the run directory already): the state it recovered becomes durable, and
         a run resumed at its last step still ends with that step persistent. ``root``: the
@@ -149,7 +150,7 @@ class LocalTier(LocalDir):
             VerificationError: the snapshot resumed from changed since it was read.
         """
         self.check()
-        for path in tiers.newer(self.held(), step):
+        for path in rules.newer(self.held(), step):
             log.warning(
                 "removing local snapshot %s: newer than step %d the run starts at", path, step
             )
@@ -186,7 +187,7 @@ class LocalTier(LocalDir):
         if final.exists():  # persistent: the same files, and not a local snapshot copied there
             with contextlib.suppress(RecoveryError):
                 there = listed.read_manifest(final, trust, allow_untrusted=allow_untrusted)
-                return there.root == root and there.recovery.get("tier") != tiers.LOCAL
+                return there.root == root and there.recovery.get("tier") != rules.LOCAL
             return False
         mf = listed.read_manifest(resumed, trust, allow_untrusted=allow_untrusted)
         if mf.root != root:
@@ -213,7 +214,7 @@ class LocalTier(LocalDir):
         ``job`` is the step's save as the persistent tier would write it; the snapshot is
         the same job, under the local directory, its statement saying ``tier: local``. With
         ``checkpoint.async`` the training thread only copies the state into reused host
-        buffers (:class:`~recovery.run.staging.Staging`; after waiting for the previous
+        buffers (:class:`~recovery.run.writing.staging.Staging`; after waiting for the previous
         snapshot's write, not for a promotion) and the write runs on a background thread.
 
         Raises:
@@ -224,7 +225,7 @@ class LocalTier(LocalDir):
         local = dataclasses.replace(
             job,
             final=self.dir / step_dir_name(job.step),
-            statement={**job.statement, "tier": tiers.LOCAL},
+            statement={**job.statement, "tier": rules.LOCAL},
             chained=False,
             faults_as="local",
             differential=None,
@@ -275,7 +276,7 @@ class LocalTier(LocalDir):
         self.event(
             {
                 "event": "snapshot",
-                "tier": tiers.LOCAL,
+                "tier": rules.LOCAL,
                 "step": local.step,
                 "pause_s": write_s if pause is None else pause,
                 "write_s": write_s,
@@ -297,7 +298,7 @@ class LocalTier(LocalDir):
         except RecoveryError as err:
             log.warning("not retiring older local snapshots: %s", err)
             return
-        for path in tiers.retire(self.held(), newest, self._pinned):
+        for path in rules.retire(self.held(), newest, self._pinned):
             commit.discard(path)
 
     def save(self, job: SaveJob, state: TrainState, *, waited: float) -> float:
@@ -312,7 +313,7 @@ class LocalTier(LocalDir):
 
     def _tree(self, state: TrainState, view: dict[str, Any] | None) -> dict[str, Any]:
         """What a snapshot holds: the state's tree; under ``torchrun`` a rank's
-        (:func:`recovery.run.peertier.tree`, from ``view`` when it was taken already)."""
+        (:func:`recovery.run.tiers.peertier.tree`, from ``view`` when it was taken already)."""
         return peertier.tree(state, view) if self.world.distributed else state.state_dict()
 
     def wait(self) -> float:
@@ -384,5 +385,5 @@ class LocalTier(LocalDir):
         size, held = self.snapshot_bytes, localroom.freeable(self.peers, self.held())
         copies = localroom.copies(self.peers)
         localroom.agreed(  # every rank snapshots the same steps: all check here, all refuse
-            self.peers, lambda: tiers.fit(self.dir, size, held, staging=reads, copies=copies)
+            self.peers, lambda: rules.fit(self.dir, size, held, staging=reads, copies=copies)
         )

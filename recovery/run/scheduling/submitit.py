@@ -6,13 +6,13 @@ script it writes; ``SUBMITIT_PREEMPT_SIGNAL`` names another): the handler calls 
 callable's ``checkpoint()``, pickles the call it returns, runs ``scontrol requeue``
 and exits. SIGTERM it ignores ("bypass"). Its handler runs in the middle of whatever
 step the loop is in, where recovery never checkpoints
-(:mod:`recovery.run.preemption`).
+(:mod:`recovery.run.scheduling.preemption`).
 
 :class:`Requeueable` puts the two in order. The run's preemption guard, installed
 over submitit's handlers, catches the signal (``checkpoint.preempt_signals`` holds
 :func:`preemption_signal` and ``SIGTERM``); the loop checkpoints at the next step
 boundary and stops; when the run is closed, :class:`Requeueable` hands the signal
-over to submitit's handler (:func:`~recovery.run.preemption.handing_over`), whose
+over to submitit's handler (:func:`~recovery.run.scheduling.preemption.handing_over`), whose
 ``checkpoint()`` resubmits the same call. Since that call resumes ``latest`` from
 the first submission, the requeued job continues the checkpoint just made,
 bit-identically. A SIGTERM alone (SLURM preempting or requeueing the job itself)
@@ -27,7 +27,7 @@ import os
 from typing import Any
 
 from recovery.errors import Preempted
-from recovery.run import preemption
+from recovery.run.scheduling import preemption
 
 SIGNAL_ENV = "SUBMITIT_PREEMPT_SIGNAL"
 """submitit's own variable naming its preemption signal without ``SIG`` (``USR2``)."""

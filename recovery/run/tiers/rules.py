@@ -12,7 +12,7 @@ Design (issue 30):
   (every directory from the root down this user's, 0700, no link, held open and
   re-checked before each write and before it is removed).
 - **What a snapshot is.** A continuation checkpoint in every respect: the same
-  :class:`~recovery.run.job.SaveJob` as a persistent save of that step, written by
+  :class:`~recovery.run.writing.job.SaveJob` as a persistent save of that step, written by
   the same commit protocol (temp directory, hash while writing, fsync, signed
   ``model.sig`` last, rename; fault points ``local-*-N``), signed by the run's
   signer (one ECDSA signature of a small statement: microseconds against the
@@ -58,9 +58,9 @@ Design (issue 30):
   each tier's cost and the failures only it recovers from.
 - **Under torchrun** (DDP, or FSDP2: a rank's own shards): each rank snapshots its own
   state and peers hold copies of it, so a lost node's ranks restore from RAM too
-  (:mod:`recovery.run.peertier`); a persistent step is promoted from every rank's
+  (:mod:`recovery.run.tiers.peertier`); a persistent step is promoted from every rank's
   snapshot, read back verified and written by the collective save in the background
-  (:mod:`recovery.run.rankpromotion`).
+  (:mod:`recovery.run.tiers.rankpromotion`).
 - **Not built yet:** differential snapshots (refused together with the tier), a snapshot
   resumed on another world size, and an automatic local interval at run time
   (``checkpoint.local.every_steps`` is fixed).

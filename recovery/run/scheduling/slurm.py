@@ -21,7 +21,7 @@ Pure functions over the environment and the journal, table-tested:
   no resume acts on it); a process before in another job is named (``previous_job_id``),
   and its preemption is :data:`PREEMPTED_ELSEWHERE`, no requeue of this job.
 - :func:`should_requeue`: whether a checkpointed stop requeues its own job
-  (``checkpoint.cluster.requeue``); :mod:`recovery.run.requeue` does it.
+  (``checkpoint.cluster.requeue``); :mod:`recovery.run.scheduling.requeue` does it.
 """
 
 from __future__ import annotations
@@ -32,7 +32,7 @@ from typing import Any
 
 from recovery.config import ClusterConfig
 from recovery.errors import ConfigError
-from recovery.run.history import BEGIN_EVENTS
+from recovery.run.restoring.history import BEGIN_EVENTS
 
 SLURM = "slurm"
 EVENT = "job"

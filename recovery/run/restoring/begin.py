@@ -12,7 +12,6 @@ from __future__ import annotations
 import logging
 import os
 from collections.abc import Callable, Mapping, Sequence
-from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
@@ -30,32 +29,12 @@ from recovery.parallel import world as distributed
 from recovery.parallel.world import World
 from recovery.provenance import lineage, purpose
 from recovery.provenance.drift import drift as drift_since
-from recovery.run import checked, history, resume
+from recovery.run.restoring import checked, choose, history
+from recovery.run.status import Identity
 from recovery.state import declared
 from recovery.state.registry import DROP_ENV, MODEL, TrainState, does_not_fit
 
 log = logging.getLogger(__name__)
-
-
-@dataclass
-class Identity:
-    """Who a run is and where it came from."""
-
-    run_id: str
-    lineage: list[dict[str, Any]]
-    step: int = 0
-    previous: dict[str, Any] | None = None
-    parent: dict[str, Any] | None = None
-    drift: list[str] = field(default_factory=list)
-    resumed_from: Path | None = None
-    resharded: dict[str, Any] | None = None
-    """Old and new world size, when a resume changed it."""
-    old_config: dict[str, Any] | None = None
-    """The resumed checkpoint's config (redacted), to tell what this run changed."""
-    restored: list[str] = field(default_factory=list)
-    """The components a resume restored (``rng`` last)."""
-    absent: dict[str, str] = field(default_factory=dict)
-    """What the resumed checkpoint declared absent, name -> reason."""
 
 
 def new_run(
@@ -92,7 +71,7 @@ def fresh(run_id: str) -> Identity:
 
 def resume_from(
     state: TrainState,
-    loaded: resume.Loaded,
+    loaded: choose.Loaded,
     *,
     run_id: str,
     provenance: dict[str, Any],
@@ -195,7 +174,7 @@ def warm_start_from(
         PurposeError: it is not a continuation or warm-start artifact, or holds no model.
         IncompatibleStateError: its weights do not fit the model.
     """
-    loaded = resume.load(path, trust, allow_untrusted=allow_untrusted)
+    loaded = choose.load(path, trust, allow_untrusted=allow_untrusted)
     purpose.check_use(
         purpose.INIT, loaded.manifest.purpose, where=str(path), present=loaded.components
     )
@@ -238,7 +217,7 @@ def _yaml(data: bytes | None, *, where: Path) -> dict[str, Any] | None:
     return doc if isinstance(doc, dict) else None
 
 
-def choose(
+def pick(
     run_dir: Path,
     spec: object,
     trust: TrustStore,
@@ -250,8 +229,8 @@ def choose(
     defer: Callable[[str], bool] | None = None,
     exclude: Mapping[Path, str] | None = None,
     local: Sequence[tuple[int, Path]] | None = None,
-) -> tuple[resume.Loaded | None, str | None, history.History]:
-    """The checkpoint to resume (:func:`recovery.run.resume.select`, checked against the
+) -> tuple[choose.Loaded | None, str | None, history.History]:
+    """The checkpoint to resume (:func:`recovery.run.restoring.choose.select`, checked against the
     run's journal, whose steering events count when sealed by a key in ``events_trust``),
     the same on every rank. ``defer``, ``exclude``, ``local``: as ``select``'s.
 
@@ -265,12 +244,12 @@ def choose(
         and the run's history as its journal tells it (read once, here).
 
     Raises:
-        as :func:`recovery.run.resume.select`; RecoveryError: the ranks chose differently.
+        as :func:`recovery.run.restoring.choose.select`; RecoveryError: the ranks chose differently.
     """
     past = history.read(journal, events_trust)
     excluded = dict(exclude or {})
     while True:
-        loaded = resume.select(
+        loaded = choose.select(
             run_dir,
             spec,
             trust,
@@ -317,7 +296,7 @@ def finished(step: int, final_step: int) -> str:
 
 
 def announce(
-    loaded: resume.Loaded, run_id: str, step: int, restored: str, *, each_rank: bool = False
+    loaded: choose.Loaded, run_id: str, step: int, restored: str, *, each_rank: bool = False
 ) -> str:
     """The resume's line: which run, at which step, from which checkpoint of which tier,
     what was verified and who signed it, what was restored. ``each_rank``: a distributed
@@ -333,7 +312,7 @@ def announce(
 
 
 def resume_event(
-    loaded: resume.Loaded, ident: Identity, world_size: int, *, replaced: str | None = None
+    loaded: choose.Loaded, ident: Identity, world_size: int, *, replaced: str | None = None
 ) -> dict[str, Any]:
     """The journal's ``resume`` record: the run id, from where, which newer checkpoints were
     passed over, what drifted, the world size (and its change), the run it replaced, the

@@ -10,7 +10,7 @@ path must verify, or the resume fails: the user asked for that one.
 :func:`load` is the one verifying loader every reader of tensors goes through:
 signature and trust, then every file's size and digest, then decoding of the
 verified bytes, then the artifact's own purpose contract.
-:func:`recovery.run.checked.check` verifies the same, decoding no tensor (the
+:func:`recovery.run.restoring.checked.check` verifies the same, decoding no tensor (the
 structure from ``state.json`` and the tensor files' headers): what ``recovery ls``
 and ``recovery verify`` show, without torch.
 This module imports torch only when :func:`load` runs.
@@ -43,8 +43,9 @@ from recovery.format.manifest import Manifest
 from recovery.integrity import chain
 from recovery.integrity.signing import TrustStore
 from recovery.provenance import purpose
-from recovery.run import checked, history, tiers
-from recovery.run.history import History
+from recovery.run.restoring import checked, history
+from recovery.run.restoring.history import History
+from recovery.run.tiers import rules
 from recovery.storage import tracking
 
 if TYPE_CHECKING:  # the decoding reader and decoder import torch: load() imports them
@@ -185,7 +186,7 @@ def select(
     ``defer`` names files verified only when read (see :func:`load`); ``exclude``
     (``latest`` only): checkpoints already found damaged by such a read, with why;
     ``local`` (``latest`` only): the local tier's snapshots, ``(step, path)``, candidates
-    too (:func:`recovery.run.tiers.order`: newest step first, local first).
+    too (:func:`recovery.run.tiers.rules.order`: newest step first, local first).
 
     With ``latest``, the run's own ``history`` (its journal) is checked too: a
     checkpoint another run wrote is passed over (``SUBSTITUTION``), and
@@ -271,7 +272,7 @@ def _latest(
     # fresh: the caller starts a fresh run when nothing verifies (a resume); else it refuses
     skipped: list[tuple[Path, str]] = []
     foreign: list[ForeignCheckpointError] = []
-    for candidate in tiers.order(candidates(run_dir), local or []):
+    for candidate in rules.order(candidates(run_dir), local or []):
         path = candidate.path
         if path in exclude:
             skipped.append((path, exclude[path]))
@@ -288,12 +289,12 @@ def _latest(
             log.warning("RESUME FALLBACK: skipping %s, it failed verification: %s", path, err)
             skipped.append((path, str(err)))
             continue
-        if candidate.tier != tiers.LOCAL and loaded.manifest.recovery.get("tier") == tiers.LOCAL:
-            why = tiers.not_durable(path)
+        if candidate.tier != rules.LOCAL and loaded.manifest.recovery.get("tier") == rules.LOCAL:
+            why = rules.not_durable(path)
             log.warning("RESUME FALLBACK: skipping %s", why)
             skipped.append((path, why))
             continue
-        if candidate.tier == tiers.LOCAL and past.run_id != loaded.manifest.recovery.get(
+        if candidate.tier == rules.LOCAL and past.run_id != loaded.manifest.recovery.get(
             "run_id"
         ):  # RAM outlives a run directory deleted and started anew at the same path
             why = stale(path, loaded, run_dir)

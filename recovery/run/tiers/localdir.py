@@ -1,6 +1,6 @@
 """The local tier's directory of one rank: made private, checked, refused for reuse, removed.
 
-:class:`~recovery.run.localtier.LocalTier` writes and reads snapshots there; this is the
+:class:`~recovery.run.tiers.localtier.LocalTier` writes and reads snapshots there; this is the
 directory's life (:mod:`recovery.integrity.private` for what "private" means).
 """
 
@@ -17,7 +17,7 @@ from typing import Any
 from recovery.errors import RecoveryError, RunDirInUseError, UnsafePathError
 from recovery.format.layout import scan
 from recovery.integrity import commit, private
-from recovery.run import tiers
+from recovery.run.tiers import rules
 
 log = logging.getLogger(__name__)
 
@@ -27,7 +27,7 @@ class LocalDir:
 
     def __init__(self, root: str, run_dir: Path, rank: int) -> None:
         self.root = private.expand(root)
-        self.dir = tiers.local_dir(root, run_dir, rank)
+        self.dir = rules.local_dir(root, run_dir, rank)
         self._private: private.PrivateDir | None = None
         """The local directory, held open once :meth:`prepare` made or checked it."""
 
@@ -42,12 +42,12 @@ class LocalDir:
         event: Callable[[dict[str, Any]], None],
     ) -> None:
         """Check that ``copies`` snapshots of ``nbytes`` fit (the ``freeable`` ones counted as
-        free: :func:`recovery.run.tiers.fit`), then say what they reserve (log, journal).
+        free: :func:`recovery.run.tiers.rules.fit`), then say what they reserve (log, journal).
 
         Raises:
             StorageError: they do not fit (one line, before the first step).
         """
-        available = tiers.fit(self.dir, nbytes, freeable, staging=staging, copies=copies)
+        available = rules.fit(self.dir, nbytes, freeable, staging=staging, copies=copies)
         log.info(
             "local tier: %s, a snapshot every %d steps, about %.1f MiB each, at most %d held "
             "(%.1f MiB of %.1f MiB free)",

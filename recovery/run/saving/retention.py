@@ -20,7 +20,8 @@ from recovery.format.manifest import Manifest
 from recovery.integrity import chain, commit, nofollow, reader
 from recovery.integrity.reaping import Reaper
 from recovery.integrity.signing import TrustStore
-from recovery.run import policy, tiers
+from recovery.run import policy
+from recovery.run.tiers import rules
 
 log = logging.getLogger(__name__)
 
@@ -166,8 +167,8 @@ def retain(
     paths = dict(scan(run_dir).committed)
     if trust is not None:  # a local snapshot put here counts for nothing, nor is deleted
         for step, path in list(paths.items()):
-            if _tier(path) == tiers.LOCAL:
-                log.warning("retention: passing over %s", tiers.not_durable(path))
+            if _tier(path) == rules.LOCAL:
+                log.warning("retention: passing over %s", rules.not_durable(path))
                 del paths[step]
     doomed = policy.to_delete(
         paths,

@@ -23,7 +23,7 @@ import subprocess
 import threading
 from collections.abc import Callable, Sequence
 
-from recovery.run.scheduler import Job
+from recovery.run.scheduling.slurm import Job
 
 log = logging.getLogger(__name__)
 

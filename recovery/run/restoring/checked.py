@@ -1,6 +1,6 @@
 """Verification without decoding: what ``recovery ls`` and ``recovery verify`` show, no torch.
 
-:func:`check` verifies everything :func:`recovery.run.resume.load` verifies of
+:func:`check` verifies everything :func:`recovery.run.restoring.choose.load` verifies of
 a checkpoint (and of a delta's base) except what only decoding tensors can
 see: signature, trust, every file's size and digest, that ``state.json``
 claims every listed file (:func:`recovery.integrity.hashonly.check`); the state
@@ -58,11 +58,11 @@ class Checked:
 
 
 def check(path: Path, trust: TrustStore, *, allow_untrusted: bool = False) -> Checked:
-    """Verify all that :func:`recovery.run.resume.load` verifies of ``path`` (see the
+    """Verify all that :func:`recovery.run.restoring.choose.load` verifies of ``path`` (see the
     module), decoding no tensor.
 
     Raises:
-        What :func:`recovery.run.resume.load` raises, for the same failures.
+        What :func:`recovery.run.restoring.choose.load` raises, for the same failures.
     """
     checked = hashonly.check(path, trust, allow_untrusted=allow_untrusted)
     mf = checked.manifest
