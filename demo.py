@@ -45,7 +45,7 @@ from recovery.cli import parameters_digest
 from recovery.config import SigningConfig
 from recovery.format.layout import METRICS_FILE, scan, step_dir_name
 from recovery.integrity import trust
-from recovery.run import resume
+from recovery.run.restoring import choose
 from recovery.run.journal import effective_steps, read
 
 HERE = Path(__file__).resolve().parent
@@ -174,8 +174,8 @@ def demo() -> int:
             trusted=str(HERE / ".recovery/trusted"), dev_key_dir=str(HERE / ".recovery/dev-key")
         )
     )
-    a = resume.load(DEMO / "reference" / step_dir_name(steps), keys).decoded
-    b = resume.load(MAIN / step_dir_name(steps), keys).decoded
+    a = choose.load(DEMO / "reference" / step_dir_name(steps), keys).decoded
+    b = choose.load(MAIN / step_dir_name(steps), keys).decoded
     pa, pb = parameters_digest(a.tree["model"]), parameters_digest(b.tree["model"])
     print(f"steps compared:          {len(ref)} (loss, lr, epoch, batch ids)")
     print(f"differences:             {len(diffs)}")
@@ -197,7 +197,7 @@ def demo() -> int:
     events = read(DEMO / "auto" / METRICS_FILE)
     summary = next(r for r in events if r.get("event") == "run_summary")
     saves = [r for r in events if r.get("event") == "checkpoint"]
-    auto = resume.load(DEMO / "auto" / step_dir_name(steps), keys).decoded
+    auto = choose.load(DEMO / "auto" / step_dir_name(steps), keys).decoded
     same_auto = parameters_digest(auto.tree["model"]) == pa
     interval = summary["interval"].get("seconds") or 0.0
     pause_ms = sorted(r["pause_s"] for r in saves)[len(saves) // 2] * 1e3
