@@ -45,8 +45,8 @@ from recovery.cli import parameters_digest
 from recovery.config import SigningConfig
 from recovery.format.layout import METRICS_FILE, scan, step_dir_name
 from recovery.integrity import trust
-from recovery.run.restoring import choose
 from recovery.run.journal import effective_steps, read
+from recovery.run.restoring import choose
 
 HERE = Path(__file__).resolve().parent
 DEMO = HERE / ".demo"

@@ -2,8 +2,8 @@
 
 The CLI chooses them (:mod:`recovery.cli.codes`), and so does an own loop's
 :class:`~recovery.run.checkpointer.Checkpointer` at the end of its with-block (or
-through :meth:`~recovery.run.saving.ending.Ending.exit_on_error`), so a library error ends a
-user's script with the same code and one line as ``recovery`` and ``train.py``.
+through :meth:`~recovery.run.checkpointer.Checkpointer.exit_on_error`), so a library error
+ends a user's script with the same code and one line as ``recovery`` and ``train.py``.
 """
 
 from __future__ import annotations

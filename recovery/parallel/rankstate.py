@@ -1,6 +1,6 @@
 """One rank's own part of a model and optimizer under torchrun, as a plain tree, and back.
 
-A local-tier snapshot under ``torchrun`` (:mod:`recovery.run.tiers.peertier`) holds what its
+A local-tier snapshot under ``torchrun`` (:mod:`recovery.run.tiers.peers`) holds what its
 rank holds, keyed by parameter name: with DDP the replicated tensors, with FSDP2 each
 DTensor's local shard: :func:`view` takes model and optimizer through DCP's state-dict
 API (keys that name parameters; an optimizer without state is not handed to it, which

@@ -1,6 +1,6 @@
 """Peer replicas of the local tier under ``torchrun``: who holds whose snapshot, and which
 step a restarted job can restore from its nodes' RAM (pure policies; the transfers are
-:mod:`recovery.parallel.transfer`, the tier :mod:`recovery.run.tiers.peertier`).
+:mod:`recovery.parallel.transfer`, the tier :mod:`recovery.run.tiers.peers`).
 
 Layout, under a run's node-local directory (``<root>/<run name>-<digest>/``, one per node):
 ``rank<r>/step-N/`` is rank ``r``'s own snapshot, ``replica-rank<r>/step-N/`` a copy of it

@@ -33,7 +33,7 @@ WARM_START = "warm_start"
 IMPORT = "import"
 """The first segment of an imported artifact: weights from outside, origin unverified."""
 PROMOTED_FROM = "promoted_from"
-"""In a statement promoted under ``torchrun`` (:mod:`recovery.run.tiers.rankpromotion`): the local
+"""In a statement promoted under ``torchrun`` (:mod:`recovery.run.tiers.collective`): the local
 snapshot (rank 0's) it was written from (``sha256``, ``step``). Its files are not that
 snapshot's, so its digest differs; a link made while the run resumed from that snapshot
 records the snapshot's digest, which the audit resolves to this checkpoint."""

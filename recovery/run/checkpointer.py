@@ -1,11 +1,11 @@
 """The checkpointer: one run's checkpoints, from its start to its end, as one object.
 
-:class:`Checkpointer` is a facade over parts that each do one thing, built here
-from the config and handed what they need: :class:`~recovery.run.restoring.restorer.Restorer`
-begins the run (choose, verify, load, self-check);
-:class:`~recovery.run.saving.saves.Saves` takes each step's decision and writes
-through the local tier (:mod:`recovery.run.tiers`) or the save strategy
-(:mod:`recovery.run.writing.strategies`);
+:class:`Checkpointer` is a facade: it holds parts that each do one thing, which
+:func:`~recovery.run.assembly.assemble` builds from the config and wires, and
+delegates to them. :class:`~recovery.run.restoring.sequence.Restorer` begins the run
+(choose, verify, load, self-check); :class:`~recovery.run.saving.boundary.Saves`
+takes each step's decision and writes through the local tier (:mod:`recovery.run.tiers`)
+or the save strategy (:mod:`recovery.run.writing.strategies`);
 :class:`~recovery.run.saving.aftercommit.AfterCommit` does what follows a commit;
 :class:`~recovery.run.scheduling.batchjob.BatchJob` journals the scheduler job and
 requeues it. They share one :class:`~recovery.run.status.RunStatus`.
@@ -18,44 +18,26 @@ import contextlib
 import logging
 import os
 import time
-import uuid
 from collections.abc import Mapping
 from pathlib import Path
 from types import TracebackType
 from typing import Any, Self
 
-import yaml
-
 from recovery import console
-from recovery.config import CheckpointConfig, HealthConfig, SigningConfig, parse_duration
+from recovery.config import CheckpointConfig, HealthConfig, parse_duration
 from recovery.errors import RecoveryError
-from recovery.format.layout import METRICS_FILE
-from recovery.integrity import trust as keys
-from recovery.integrity.reaping import Reaper
 from recovery.integrity.signing import Signer, TrustStore
-from recovery.parallel import multirank
 from recovery.parallel import world as distributed
 from recovery.parallel.world import World
-from recovery.provenance import capture as prov
-from recovery.provenance.purpose import BUILTIN, PurposeSpec
-from recovery.provenance.recordable import recordable
+from recovery.provenance.purpose import PurposeSpec
 from recovery.run import exits
+from recovery.run.assembly import assemble
 from recovery.run.journal import Journal
-from recovery.run.restoring.restorer import Restorer
-from recovery.run.saving.aftercommit import AfterCommit
-from recovery.run.saving.saves import Metrics, Saves
+from recovery.run.saving.boundary import Metrics
 from recovery.run.scheduling import slurm
-from recovery.run.scheduling.batchjob import BatchJob
-from recovery.run.scheduling.cadence import Cadence
 from recovery.run.scheduling.preemption import PreemptionGuard
-from recovery.run.status import Identity, RunStatus, Trust
-from recovery.run.tiers import rules
-from recovery.run.tiers.localtier import LocalTier
-from recovery.run.writing import job as job_mod
-from recovery.run.writing import strategies
-from recovery.run.writing.differential import Differential
+from recovery.run.status import Identity
 from recovery.state.registry import TrainState
-from recovery.storage import gitignored, tracking
 
 log = logging.getLogger(__name__)
 
@@ -117,137 +99,48 @@ class Checkpointer:
     ) -> None:
         if world.leader:  # a script that set up no logging still hears its resume, once
             console.show()
-        multirank.check_supported(
-            world,
-            async_save=cfg.async_save,
-            warm_start_every=cfg.warm_start_every,
-            hash_type=cfg.hash,
-            differential=cfg.differential.enabled,
-        )
-        if cfg.local.enabled:
-            rules.check_supported(differential=cfg.differential.enabled)
         self.cfg = cfg
         self.world = world
         self.run_dir = run_dir = Path(run_dir)
         self.root = run_dir.parent
-        self.signer = signer = (
-            signer if signer is not None else keys.resolve_signer(SigningConfig())
-        )
-        trust = trust if trust is not None else keys.resolve_trust(SigningConfig(), signer)
-        self.trust = Trust(trust, trust.with_signer(signer), allow_untrusted)
-        """Whose artifacts load, and whose seals on the journal's steering events are
-        believed: the trust store and this writer's own key (:mod:`recovery.integrity.seal`)."""
-        self.config = recordable(config)
-        self.provenance = provenance if provenance is not None else prov.capture(config=self.config)
-        self.journal, self.preemption, health, owned = _defaults(
-            cfg, run_dir, world, journal=journal, preemption=preemption, health=health
-        )
-        self.journal.seal_with(signer, self.trust.events)
-        self._owns_journal = owned[0]
-        self.status = RunStatus(Identity(run_id=uuid.uuid4().hex, lineage=[]))
-        """The run's identity and progress, shared by the parts below; a restore replaces
-        the identity."""
-        self.cadence = Cadence(cfg, final_step=final_step)
-        self.publisher = self._publisher()
-        self._reaper = Reaper()
-        committed = AfterCommit(
+        parts = assemble(
             cfg,
             run_dir,
-            status=self.status,
-            cadence=self.cadence,
-            journal=self.journal,
-            signer_id=signer.key_id,
-            trust=self.trust,
-            publisher=self.publisher,
-            reaper=self._reaper,
-        )
-        saver = strategies.choose(
-            async_save=cfg.async_save,
-            world=world,
-            strategy=strategy,
+            final_step=final_step,
             signer=signer,
-            committed=committed,
-        )
-        self.local = (
-            LocalTier(
-                cfg.local,
-                run_dir,
-                rank=world.rank,
-                signer=signer,
-                committed=committed,
-                event=self.journal.write,
-                async_save=cfg.async_save,
-                world=world,
-                ranks=saver if isinstance(saver, strategies.Ranks) else None,
-            )
-            if cfg.local.enabled
-            else None
-        )
-        """The local tier (``checkpoint.local``), or ``None``: :mod:`recovery.run.tiers`."""
-        differential = Differential(cfg.differential)
-        guard = self.preemption if owned[1] else None  # installed and uninstalled here
-        purposes = dict(purposes or BUILTIN)
-        self._restorer = Restorer(
-            cfg,
-            run_dir,
-            status=self.status,
-            journal=self.journal,
-            trust=self.trust,
+            trust=trust,
+            allow_untrusted=allow_untrusted,
+            provenance=provenance,
+            config=config,
+            model_config=model_config,
+            purposes=purposes,
+            journal=journal,
+            preemption=preemption,
+            health=health,
             world=world,
             seed=seed,
-            provenance=self.provenance,
-            config=self.config,
-            purposes=purposes,
-            local=self.local,
-            differential=differential,
-            final_step=final_step,
-            health=health,
-            guard=guard,
+            strategy=strategy,
         )
-        self._saves = Saves(
-            cfg,
-            run_dir,
-            status=self.status,
-            cadence=self.cadence,
-            differential=differential,
-            strategy=saver,
-            local=self.local,
-            guard=self.preemption,
-            journal=self.journal,
-            signer=signer,
-            committed=committed,
-            purposes=purposes,
-            carried=job_mod.Carried(
-                provenance=self.provenance,
-                config_yaml=yaml.safe_dump(self.config, sort_keys=False),
-                model_config=model_config,
-                world_size=world.size,
-            ),
-            watch=lambda: self._restorer.watch,
-        )
-        self._batch = BatchJob(
-            cfg.cluster,
-            cfg.preempt_signals,
-            run_dir=run_dir,
-            journal=self.journal,
-            journal_path=self._restorer.journal_path,
-            world=world,
-            final_step=final_step,
-        )
+        self.signer = parts.signer
+        self.trust = parts.trust
+        """Whose artifacts load, and whose seals on the journal's steering events count."""
+        self.config = parts.config
+        self.provenance = parts.provenance
+        self.journal = parts.journal
+        self.preemption = parts.preemption
+        self.status = parts.status
+        """The run's identity and progress, which the parts share."""
+        self.cadence = parts.cadence
+        self.publisher = parts.publisher
+        self.local = parts.local
+        """The local tier (``checkpoint.local``), or ``None``: :mod:`recovery.run.tiers`."""
+        self._owns_journal = parts.owns_journal
+        self._reaper = parts.reaper
+        self._restorer = parts.restorer
+        self._saves = parts.saves
+        self._batch = parts.batch
         self._created = time.perf_counter()
         self._closed = False
-
-    def _publisher(self) -> tracking.Publisher | None:
-        """DVC's tracking of each commit (``checkpoint.dvc``; rank 0, in a DVC repository,
-        a run directory git does not ignore)."""
-        cfg, run_dir = self.cfg, self.run_dir
-        repo = tracking.find_repo(run_dir) if cfg.dvc.enabled and self.world.leader else None
-        if repo is not None and (why := gitignored.git_ignored(repo, run_dir)):
-            log.warning("%s", gitignored.not_registered(run_dir, why))  # once, not per checkpoint
-            repo = None
-        if repo is None:
-            return None
-        return tracking.Publisher(repo, push=cfg.dvc.push, remote=cfg.dvc.remote)
 
     # -- the run's identity and progress ---------------------------------------------
 
@@ -475,37 +368,3 @@ class Checkpointer:
         exceptions keep Python's own handling. Call it on the main thread.
         """
         exits.install_hook(self.close, self.requeue_after)
-
-
-def _defaults(
-    cfg: CheckpointConfig,
-    run_dir: Path,
-    world: World,
-    *,
-    journal: Journal | None,
-    preemption: PreemptionGuard | bool | None,
-    health: HealthConfig | bool | None,
-) -> tuple[Journal, PreemptionGuard | None, HealthConfig | None, tuple[bool, bool]]:
-    """The checkpointer's journal, preemption guard and health settings, defaults filled in.
-
-    - ``journal=None``: ``<run_dir>/metrics.jsonl`` (rank 0; other ranks discard).
-    - ``preemption=None`` or ``True``: a guard for ``cfg.preempt_signals`` (SIGTERM,
-      SIGUSR1), installed by ``restore`` on the main thread, uninstalled by ``close``;
-      ``False``: none; a guard: used as given (its owner installs it).
-    - ``health=None`` or ``True``: :class:`~recovery.config.HealthConfig` defaults;
-      ``False``: no monitor of the checkpointer's own.
-
-    Returns:
-        The journal, the guard, the health settings, and which of journal and guard it made.
-    """
-    made_journal = journal is None
-    if journal is None:
-        journal = Journal(run_dir / METRICS_FILE if world.leader else None)
-    made_guard = preemption is None or preemption is True
-    guard = preemption if isinstance(preemption, PreemptionGuard) else None
-    if made_guard:
-        guard = PreemptionGuard(cfg.preempt_signals)
-    settings = health if isinstance(health, HealthConfig) else None
-    if health is None or health is True:
-        settings = HealthConfig()
-    return journal, guard, settings, (made_journal, made_guard)

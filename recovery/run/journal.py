@@ -43,6 +43,9 @@ from recovery.integrity.signing import Signer, TrustStore
 
 log = logging.getLogger(__name__)
 
+BEGIN_EVENTS = ("start", "warm_start", "resume")
+"""The events a process journals when its run begins (fresh, warm-started, resumed)."""
+
 
 class Observer(Protocol):
     """Sees every record after it is written (or discarded), and the journal's close."""

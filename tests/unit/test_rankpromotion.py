@@ -10,7 +10,7 @@ import torch
 
 from recovery.errors import FormatError
 from recovery.parallel import rankstate
-from recovery.run.tiers.rankpromotion import parts_of, rewrap
+from recovery.run.tiers.collective import parts_of, rewrap
 
 
 def _tree() -> dict:

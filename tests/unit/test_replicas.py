@@ -22,7 +22,7 @@ from recovery.parallel import replicas, transfer
 from recovery.parallel.world import World
 from recovery.run.checkpointer import Checkpointer
 from recovery.run.journal import Journal
-from recovery.run.tiers import peertier, rankpromotion, rules
+from recovery.run.tiers import collective, peers, rules
 from recovery.tools import audit
 from tests.conftest import tiny_state, train_steps
 from tests.unit.test_distributed import _free_port
@@ -324,7 +324,7 @@ def test_a_rank_whose_node_lost_its_ram_resumes_from_its_peers_copy(
     assert [p.name for p in (run / "replica-rank1").iterdir()] == ["step-00000008"]
     assert [p.name for p in (run / "rank0").iterdir()] == ["step-00000008"]
     # one rank's state alone: a process outside torchrun passes it over
-    assert peertier.single([(8, run / "rank0" / "step-00000008")], trust, False) == []
+    assert peers.single([(8, run / "rank0" / "step-00000008")], trust, False) == []
     shutil.rmtree(tmp_path / "shm1")
     if damaged:
         victim = run / "replica-rank1" / "step-00000008" / "model.safetensors"
@@ -333,14 +333,14 @@ def test_a_rank_whose_node_lost_its_ram_resumes_from_its_peers_copy(
         victim.write_bytes(bytes(raw))
     shutil.copytree(run / "rank0", run / "rank5")  # an earlier layout's, or another branch
     if unpromotable:  # the forked ranks inherit it
-        read = rankpromotion.RankPromotion._read
+        read = collective.RankPromotion._read
 
         def refused(self, path, mf, like, resumed):
             if resumed is not None:
                 raise FormatError(f"{path}: written by another layout (this test)")
             return read(self, path, mf, like, resumed)
 
-        monkeypatch.setattr(rankpromotion.RankPromotion, "_read", refused)
+        monkeypatch.setattr(collective.RankPromotion, "_read", refused)
     got = _run_tiered(tmp_path, 12, (signer, trust), async_save)
     start = 6 if damaged else 8
     assert [s for s, _, _ in got] == [start, start]
@@ -376,7 +376,7 @@ def test_a_snapshot_being_promoted_stays_while_newer_rounds_retire_older_ones(
     only once snapshot 8 has reached the peer and retired 7. Step 6 is held by the
     promotion as well as by its copy to the peer, and the copy's release must not free it:
     the promotion reads it whole and the job ends where the uninterrupted job ends."""
-    read = rankpromotion.reader.read_verified
+    read = collective.reader.read_verified
 
     def late(path, *args, **kwargs):  # the forked ranks inherit it
         step = parse_step(path.name)
@@ -388,7 +388,7 @@ def test_a_snapshot_being_promoted_stays_while_newer_rounds_retire_older_ones(
             time.sleep(0.01)
         return read(path, *args, **kwargs)
 
-    monkeypatch.setattr(rankpromotion.reader, "read_verified", late)
+    monkeypatch.setattr(collective.reader, "read_verified", late)
     got = _run_tiered(tmp_path, 12, (signer, trust), False, local_every=1, settle=False)
     for rank, (start, params, draws) in enumerate(got):
         want_params, want_draws = _trained(rank, 12)

@@ -3,5 +3,5 @@ a path, checked against what the journal knows, ``history``), verifies it and lo
 the state (``begin``), moves newer steps aside when it resumes from an older one
 (``branches``) and compares the steps it redoes with the journal (``selfcheck``);
 ``rundir`` locks and tidies the run directory first, ``checked`` verifies without torch,
-and ``restorer`` sequences it all for the checkpointer.
+and ``sequence`` runs those steps in order for the checkpointer.
 """

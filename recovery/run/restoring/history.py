@@ -27,7 +27,6 @@ from recovery.run import journal
 
 log = logging.getLogger(__name__)
 
-BEGIN_EVENTS = ("start", "warm_start", "resume")
 # where an abandoned branch may be moved: one fixed-form name under abandoned/ (even a
 # sealed event must not be able to send a checkpoint anywhere else)
 _BRANCH = re.compile(r"^abandoned/from-\d{8,}-\d{8}T\d{6}$")
@@ -69,7 +68,7 @@ def from_records(records: Iterable[dict[str, Any]]) -> History:
         event = rec.get("event")
         if event is None and isinstance(rec.get("step"), int):
             per_step[rec["step"]] = rec
-        elif event in BEGIN_EVENTS and isinstance(rec.get("run_id"), str):
+        elif event in journal.BEGIN_EVENTS and isinstance(rec.get("run_id"), str):
             run_id = rec["run_id"]
         elif event == "checkpoint" and isinstance(rec.get("step"), int):
             committed.add(rec["step"])

@@ -296,7 +296,7 @@ class ResumeCheck:
 
     def finish(self) -> None:
         """Write the summary once: at the last redone step, or when the run ends before it
-        (:meth:`recovery.run.saving.ending.Ending.close`), if there was anything to redo."""
+        (:meth:`recovery.run.checkpointer.Checkpointer.close`), if there was anything to redo."""
         if self.done:
             return
         self.done = True

@@ -32,7 +32,7 @@ from typing import Any
 
 from recovery.config import ClusterConfig
 from recovery.errors import ConfigError
-from recovery.run.restoring.history import BEGIN_EVENTS
+from recovery.run.journal import BEGIN_EVENTS
 
 SLURM = "slurm"
 EVENT = "job"

@@ -58,9 +58,9 @@ Design (issue 30):
   each tier's cost and the failures only it recovers from.
 - **Under torchrun** (DDP, or FSDP2: a rank's own shards): each rank snapshots its own
   state and peers hold copies of it, so a lost node's ranks restore from RAM too
-  (:mod:`recovery.run.tiers.peertier`); a persistent step is promoted from every rank's
+  (:mod:`recovery.run.tiers.peers`); a persistent step is promoted from every rank's
   snapshot, read back verified and written by the collective save in the background
-  (:mod:`recovery.run.tiers.rankpromotion`).
+  (:mod:`recovery.run.tiers.collective`).
 - **Not built yet:** differential snapshots (refused together with the tier), a snapshot
   resumed on another world size, and an automatic local interval at run time
   (``checkpoint.local.every_steps`` is fixed).

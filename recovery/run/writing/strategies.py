@@ -27,9 +27,9 @@ from recovery.parallel import world as distributed
 from recovery.parallel.collectives import WORLD, Collectives, Group
 from recovery.parallel.world import World
 from recovery.run import policy
+from recovery.run.writing.background import BackgroundWriter
 from recovery.run.writing.job import SaveJob, Tensors, split
 from recovery.run.writing.staging import Staging
-from recovery.run.writing.writer import BackgroundWriter
 from recovery.state.registry import TrainState
 
 
@@ -155,7 +155,7 @@ class Background(Inline):
     """Copies the state into reused staging buffers and writes on the background thread.
 
     The pause is the copy; the next save waits for the one in flight, so at
-    most one is in the air (:class:`~recovery.run.writing.writer.BackgroundWriter`).
+    most one is in the air (:class:`~recovery.run.writing.background.BackgroundWriter`).
     """
 
     def __init__(self, signer: Signer, committed: Committed) -> None:
@@ -203,9 +203,7 @@ class Background(Inline):
         Raises:
             CommitError, StorageError (a full disk): the last save failed.
         """
-        started = time.perf_counter()
-        self._writer.close()
-        return time.perf_counter() - started
+        return self._writer.close()
 
 
 class Ranks(Inline):
@@ -273,9 +271,10 @@ class Ranks(Inline):
         self.persisted = job.step  # every rank: rank 0 said it committed
 
 
-class RanksBackground(Ranks, Background):
+class RanksBackground(Ranks):
     """Under ``torchrun`` with ``checkpoint.async``: :class:`Ranks`' protocol, run on a
-    background thread per rank from :class:`Background`'s staging buffers.
+    background thread per rank from reused staging buffers, as :class:`Background` runs
+    a single process's.
 
     Each rank's pause: DCP's view of model and optimizer, its RNG streams, and
     the copy of its DCP tensors (its FSDP2 shards, or DDP's replicated
@@ -291,6 +290,8 @@ class RanksBackground(Ranks, Background):
 
     def __init__(self, signer: Signer, committed: Committed, world: World, strategy: str) -> None:
         super().__init__(signer, committed, world, strategy)
+        self._writer = BackgroundWriter()
+        self._staging = Staging()
         self._group = Group.create(distributed.timeout())
 
     def save(self, job: SaveJob, state: TrainState, *, waited: float, sync: bool = False) -> float:
@@ -317,6 +318,14 @@ class RanksBackground(Ranks, Background):
 
         self._writer.submit(run)
         return pause
+
+    def wait(self) -> float:
+        """As :meth:`Background.wait`: the save in flight, on this rank's thread."""
+        return self._writer.wait()
+
+    def close(self) -> float:
+        """As :meth:`Background.close`: the save in flight, then this rank's thread stops."""
+        return self._writer.close()
 
     def status(self) -> tuple[bool, bool]:
         """This rank's ``(failed, running)`` while a save is out (the same on every rank)."""

@@ -18,9 +18,8 @@ from dataclasses import dataclass, field
 from pathlib import PurePath
 from typing import Any
 
-from recovery.run.journal import is_step
+from recovery.run.journal import BEGIN_EVENTS, is_step
 from recovery.run.restoring import selfcheck
-from recovery.run.restoring.history import BEGIN_EVENTS
 from recovery.run.scheduling import slurm
 
 COMPLETED, PREEMPTED, ENDED = "completed", "preempted", "ended without a summary"

@@ -1,7 +1,7 @@
 """What the local tier's RAM check counts for one rank (issue 30): how many snapshot-sized
 copies it keeps, which of those already there are replaced rather than added, and, under
 ``torchrun``, one verdict for every rank (:func:`agreed`). The check itself is
-:func:`recovery.run.tiers.rules.fit`; :class:`~recovery.run.tiers.localtier.LocalTier` runs it at
+:func:`recovery.run.tiers.rules.fit`; :class:`~recovery.run.tiers.snapshots.LocalTier` runs it at
 start-up and again with the first snapshot's real size."""
 
 from __future__ import annotations
@@ -11,12 +11,12 @@ from pathlib import Path
 
 from recovery.errors import StorageError
 from recovery.run.tiers import rules
-from recovery.run.tiers.peertier import Peers
+from recovery.run.tiers.peers import Peers
 
 
 def copies(peers: Peers | None) -> int:
     """The snapshot-sized copies a rank keeps at most: its own (:data:`~recovery.run.tiers.rules.
-    HELD`) and under ``torchrun`` its peers' (:meth:`~recovery.run.tiers.peertier.Peers.copies`),
+    HELD`) and under ``torchrun`` its peers' (:meth:`~recovery.run.tiers.peers.Peers.copies`),
     for every rank of the node (they share its RAM)."""
     if peers is None:
         return rules.HELD

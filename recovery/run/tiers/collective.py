@@ -47,13 +47,13 @@ from recovery.parallel.collectives import Group
 from recovery.parallel.multirank import Parts
 from recovery.provenance import lineage
 from recovery.run.tiers import rules
-from recovery.run.tiers.filepromotion import Then
+from recovery.run.tiers.copying import Then
 from recovery.run.tiers.rules import Pins
 from recovery.run.writing import job as job_mod
+from recovery.run.writing.background import BackgroundWriter
 from recovery.run.writing.job import SaveJob, Tensors, split
 from recovery.run.writing.staging import host_dtensor
 from recovery.run.writing.strategies import Ranks
-from recovery.run.writing.writer import BackgroundWriter
 from recovery.state import snapshot
 from recovery.state.registry import MODEL, OPTIMIZER, RNG, TrainState
 
@@ -93,7 +93,7 @@ def parts_of(
     tree: dict[str, Any], like: dict[str, Any], *, leader: bool
 ) -> tuple[Parts, tuple[dict[str, Any], Tensors]]:
     """What the collective save writes of a decoded snapshot ``tree``
-    (:func:`recovery.run.tiers.peertier.tree`): this rank's :class:`Parts` and, on rank 0
+    (:func:`recovery.run.tiers.peers.tree`): this rank's :class:`Parts` and, on rank 0
     (``leader``), the replicated components split into skeletons and tensors.
 
     Raises:

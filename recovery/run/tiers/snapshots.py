@@ -4,8 +4,8 @@ The policy and the design are in :mod:`recovery.run.tiers.rules`; this is the pa
 that writes. :meth:`LocalTier.snapshot` commits a step's
 :class:`~recovery.run.writing.job.SaveJob` into the local directory on the training
 thread (its pause); :meth:`LocalTier.save` does so and then promotes the snapshot
-to the run directory on a background thread (:mod:`recovery.run.tiers.filepromotion`:
-its files copied; under ``torchrun`` :mod:`recovery.run.tiers.rankpromotion`: every
+to the run directory on a background thread (:mod:`recovery.run.tiers.copying`:
+its files copied; under ``torchrun`` :mod:`recovery.run.tiers.collective`: every
 rank's, collectively), reporting the persistent commit to the checkpointer's
 ``committed`` callback as a background save does.
 """
@@ -26,16 +26,16 @@ from recovery.format.layout import RANK_SNAPSHOT, step_dir_name
 from recovery.integrity import commit, listed
 from recovery.integrity.signing import Signer, TrustStore
 from recovery.parallel.world import SINGLE, World
-from recovery.run.tiers import localroom, peertier, rankpromotion, rules
-from recovery.run.tiers.filepromotion import FilePromotion, Then
-from recovery.run.tiers.localdir import LocalDir
-from recovery.run.tiers.peertier import Peers
-from recovery.run.tiers.rankpromotion import RankPromotion
+from recovery.run.tiers import collective, peers, room, rules
+from recovery.run.tiers.collective import RankPromotion
+from recovery.run.tiers.copying import FilePromotion, Then
+from recovery.run.tiers.directory import LocalDir
+from recovery.run.tiers.peers import Peers
 from recovery.run.writing import job as job_mod
+from recovery.run.writing.background import BackgroundWriter
 from recovery.run.writing.job import SaveJob, Tensors, split
 from recovery.run.writing.staging import Staging
 from recovery.run.writing.strategies import Committed, Ranks
-from recovery.run.writing.writer import BackgroundWriter
 from recovery.state.registry import TrainState
 
 log = logging.getLogger(__name__)
@@ -80,14 +80,14 @@ class LocalTier(LocalDir):
         self.world = world
         self.peers = Peers(cfg, self.dir.parent, world) if world.distributed else None
         """Under ``torchrun``: the copies of snapshots on peers
-        (:mod:`recovery.run.tiers.peertier`)."""
+        (:mod:`recovery.run.tiers.peers`)."""
         self.promotion: FilePromotion | RankPromotion = (
             RankPromotion(ranks, signer, self._writer, self._pinned)
             if world.distributed and ranks
             else FilePromotion(signer, committed, self.check, self._writer, self._pinned)
         )
         """Copies of a snapshot's files, or under ``torchrun`` every rank's collective save
-        from its snapshot (:mod:`recovery.run.tiers.rankpromotion`)."""
+        from its snapshot (:mod:`recovery.run.tiers.collective`)."""
 
     def due(self, step: int) -> bool:
         """Whether ``step`` is a local snapshot's step."""
@@ -100,7 +100,7 @@ class LocalTier(LocalDir):
         return self._snapshots is not None and self._snapshots.busy
 
     def prepare(self) -> None:
-        """As :meth:`LocalDir.prepare <recovery.run.tiers.localdir.LocalDir.prepare>`, and under
+        """As :meth:`LocalDir.prepare <recovery.run.tiers.directory.LocalDir.prepare>`, and under
         ``torchrun`` the directories of the peers' copies as well."""
         super().prepare()
         if self.peers is not None:
@@ -109,10 +109,10 @@ class LocalTier(LocalDir):
     def candidates(self, trust: TrustStore, allow_untrusted: bool) -> list[tuple[int, Path]]:
         """The snapshots a ``latest`` resume may take, oldest first: this directory's (not
         verified yet); under ``torchrun`` the job's newest step every rank holds, brought
-        here from a peer if this node lost it (:meth:`~recovery.run.tiers.peertier.Peers.gather`:
+        here from a peer if this node lost it (:meth:`~recovery.run.tiers.peers.Peers.gather`:
         collective)."""
         if self.peers is None:
-            return peertier.single(self.held(), trust, allow_untrusted)
+            return peers.single(self.held(), trust, allow_untrusted)
         return self.peers.gather(self.dir, trust, allow_untrusted)
 
     def abandon(self) -> None:
@@ -159,18 +159,18 @@ class LocalTier(LocalDir):
             self.peers.adopt(resumed, self.dir)  # ranks that moved: into their own directory
             self.peers.tidy(step)
         promotion = self.promotion
-        nbytes = peertier.nbytes(state)
+        nbytes = peers.nbytes(state)
         # a fresh run's optimizer state is not there yet: checked again after the first
         # snapshot (:meth:`_recheck`); the staging buffers are another copy in RAM, and so
         # is a snapshot a promotion under torchrun reads back
         extra = (self._staging is not None) + isinstance(promotion, RankPromotion)
-        localroom.agreed(
+        room.agreed(
             self.peers,
             lambda: self.reserve(
                 nbytes,
-                localroom.freeable(self.peers, self.held()),
+                room.freeable(self.peers, self.held()),
                 staging=nbytes * extra,
-                copies=localroom.copies(self.peers),
+                copies=room.copies(self.peers),
                 every=self.every,
                 event=self.event,
             ),
@@ -180,7 +180,7 @@ class LocalTier(LocalDir):
             # resumed from this node's RAM (a rank's or a copy: adopt moved it into its dir)
             here = resumed is not None and resumed.parent.parent == self.dir.parent
             mine = self.dir / step_dir_name(step) if here else None
-            source = rankpromotion.Source(trust, allow_untrusted)
+            source = collective.Source(trust, allow_untrusted)
             return promotion.start(state, mine, final, root=root, source=source)
         if resumed is None or resumed.parent != self.dir:
             return False
@@ -234,7 +234,7 @@ class LocalTier(LocalDir):
             local = dataclasses.replace(
                 local,
                 statement={**local.statement, "rank": self.world.rank},
-                meta={**local.meta, RANK_SNAPSHOT: peertier.owner(self.world)},
+                meta={**local.meta, RANK_SNAPSHOT: peers.owner(self.world)},
             )
         skipped, self.skipped = self.skipped, 0
         if self._staging is None or self._snapshots is None:
@@ -313,8 +313,8 @@ class LocalTier(LocalDir):
 
     def _tree(self, state: TrainState, view: dict[str, Any] | None) -> dict[str, Any]:
         """What a snapshot holds: the state's tree; under ``torchrun`` a rank's
-        (:func:`recovery.run.tiers.peertier.tree`, from ``view`` when it was taken already)."""
-        return peertier.tree(state, view) if self.world.distributed else state.state_dict()
+        (:func:`recovery.run.tiers.peers.tree`, from ``view`` when it was taken already)."""
+        return peers.tree(state, view) if self.world.distributed else state.state_dict()
 
     def wait(self) -> float:
         """Wait for the snapshot write and the promotion in flight (in that order: the one
@@ -382,8 +382,8 @@ class LocalTier(LocalDir):
         self._rechecked = True
         # a promotion under torchrun reads a snapshot back: a copy not in memory yet
         reads = self.snapshot_bytes if isinstance(self.promotion, RankPromotion) else 0
-        size, held = self.snapshot_bytes, localroom.freeable(self.peers, self.held())
-        copies = localroom.copies(self.peers)
-        localroom.agreed(  # every rank snapshots the same steps: all check here, all refuse
+        size, held = self.snapshot_bytes, room.freeable(self.peers, self.held())
+        copies = room.copies(self.peers)
+        room.agreed(  # every rank snapshots the same steps: all check here, all refuse
             self.peers, lambda: rules.fit(self.dir, size, held, staging=reads, copies=copies)
         )

@@ -33,7 +33,7 @@ from recovery.run.restoring import begin, branches, choose, rundir, selfcheck
 from recovery.run.scheduling.preemption import PreemptionGuard
 from recovery.run.status import RunStatus, Trust
 from recovery.run.tiers import rules
-from recovery.run.tiers.localtier import LocalTier
+from recovery.run.tiers.snapshots import LocalTier
 from recovery.run.watch import Watch
 from recovery.run.writing.differential import Differential
 from recovery.state.health import UPDATE

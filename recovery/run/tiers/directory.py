@@ -1,6 +1,6 @@
 """The local tier's directory of one rank: made private, checked, refused for reuse, removed.
 
-:class:`~recovery.run.tiers.localtier.LocalTier` writes and reads snapshots there; this is the
+:class:`~recovery.run.tiers.snapshots.LocalTier` writes and reads snapshots there; this is the
 directory's life (:mod:`recovery.integrity.private` for what "private" means).
 """
 

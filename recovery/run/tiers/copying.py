@@ -1,5 +1,5 @@
 """Promotion in one process: a local snapshot's files copied into the run directory
-(issue 30, part 2; under ``torchrun``: :mod:`recovery.run.tiers.rankpromotion`).
+(issue 30, part 2; under ``torchrun``: :mod:`recovery.run.tiers.collective`).
 
 The copy is :func:`recovery.integrity.promote.promote` (each file hashed as it is written
 and compared with the snapshot's signed digests, committed under a statement signed again:
@@ -18,9 +18,9 @@ from recovery.format.manifest import Manifest
 from recovery.integrity import promote
 from recovery.integrity.signing import Signer
 from recovery.run.tiers.rules import Pins
+from recovery.run.writing.background import BackgroundWriter
 from recovery.run.writing.job import SaveJob
 from recovery.run.writing.strategies import Committed, Cost
-from recovery.run.writing.writer import BackgroundWriter
 
 Then = Callable[[Path, Manifest, float], None]
 """What follows a committed snapshot: (its path, its manifest, the training thread's pause)."""

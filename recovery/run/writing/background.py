@@ -94,13 +94,13 @@ class BackgroundWriter:
         assert self._pending is None, "one save in flight at most"  # internal invariant
         self._pending = self._pool.submit(job)
 
-    def close(self) -> None:
-        """Wait for the save in flight, then stop the thread.
+    def close(self) -> float:
+        """Wait for the save in flight, then stop the thread; return the seconds waited.
 
         Raises:
             CommitError, StorageError (a full disk included): the last save failed.
         """
         try:
-            self.wait()
+            return self.wait()
         finally:
             self._pool.shutdown(wait=True)

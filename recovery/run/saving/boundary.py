@@ -4,7 +4,7 @@ artifact, or a preemption's checkpoint.
 :class:`Saves` takes the decision once per optimizer step (every rank alike: one
 collective), builds the :class:`~recovery.run.writing.job.SaveJob` and hands it to
 where it is written: the local tier when there is one
-(:mod:`recovery.run.tiers.localtier`: a snapshot in RAM, then its promotion), else the
+(:mod:`recovery.run.tiers.snapshots`: a snapshot in RAM, then its promotion), else the
 save strategy chosen at start (:mod:`recovery.run.writing.strategies`). What follows
 the commit is :class:`~recovery.run.saving.aftercommit.AfterCommit`, which both report
 to.
@@ -30,7 +30,7 @@ from recovery.run.scheduling import cadence as cadence_mod
 from recovery.run.scheduling.cadence import Cadence
 from recovery.run.scheduling.preemption import PreemptionGuard, agreed
 from recovery.run.status import RunStatus
-from recovery.run.tiers.localtier import LocalTier
+from recovery.run.tiers.snapshots import LocalTier
 from recovery.run.watch import Watch
 from recovery.run.writing import job as job_mod
 from recovery.run.writing import strategies

@@ -5,7 +5,7 @@ Under ``torchrun`` a rank's local snapshot is a continuation checkpoint of what 
 holds (its own RNG streams, the data position, and model and optimizer keyed by parameter
 name: DDP's replicated tensors or this rank's FSDP2 shards, :mod:`recovery.parallel.rankstate`),
 written by
-:class:`~recovery.run.tiers.localtier.LocalTier` into ``rank<r>/`` of its node's run directory
+:class:`~recovery.run.tiers.snapshots.LocalTier` into ``rank<r>/`` of its node's run directory
 in RAM, its statement saying ``rank`` and
 ``world_size``. Once it commits, a background thread sends it over a gloo group of its own
 to ``checkpoint.local.replicas`` peers (:func:`recovery.parallel.replicas.offsets`: by
@@ -26,7 +26,7 @@ snapshot; if any rank's does not verify, every rank passes that step over togeth
 the run starts, the lowest rank of each node removes the node's tier directories no rank
 there uses now (an earlier layout's, or ranks that moved), so no branch the run left
 comes back. The persistent tier under ``torchrun`` is promoted from the snapshots, every
-rank's collectively (:mod:`recovery.run.tiers.rankpromotion`).
+rank's collectively (:mod:`recovery.run.tiers.collective`).
 """
 
 from __future__ import annotations
@@ -54,7 +54,7 @@ from recovery.parallel import world as distributed
 from recovery.parallel.collectives import Group
 from recovery.parallel.world import World
 from recovery.run.tiers import rules
-from recovery.run.writing.writer import BackgroundWriter
+from recovery.run.writing.background import BackgroundWriter
 from recovery.state.registry import MODEL, OPTIMIZER, TrainState
 
 log = logging.getLogger(__name__)
