@@ -84,7 +84,8 @@ def _fingerprint(obj: Any) -> Any:
 
 
 class Watch:
-    """Watches one run's optimizer steps and per-step records (see the module docstring).
+    """Watches one run's optimizer steps and per-step records: the resume's health, and
+    state changed between a save and the next step (the module docstring has the rest).
 
     Args:
         state: the run's state; a monitor is registered in it as ``health`` when

@@ -115,17 +115,20 @@ def parts_of(
 
 @dataclass(frozen=True)
 class Source:
-    """Whose signatures a snapshot an earlier process took is verified against: the
-    resume's trust store and ``checkpoint.allow_untrusted``."""
+    """The keys a snapshot taken by an earlier process is verified against.
+
+    They are the resume's trust store and ``checkpoint.allow_untrusted``."""
 
     trust: TrustStore
     untrusted: bool = False
 
 
 class RankPromotion:
-    """One rank's promotions, one at a time on ``writer``; a snapshot being read is
-    ``pinned`` (never retired) until its promotion is done. Every rank of the job makes one
-    at the same point (creating its gloo group is collective)."""
+    """Promotes this rank's local snapshots to the run directory under ``torchrun``, through
+    the job's collective save, one at a time on ``writer``.
+
+    A snapshot being read is ``pinned`` (never retired) until its promotion is done. Every
+    rank of the job makes one at the same point (creating its gloo group is collective)."""
 
     def __init__(
         self, saver: Ranks, signer: Signer, writer: BackgroundWriter, pinned: Pins

@@ -27,8 +27,10 @@ Then = Callable[[Path, Manifest, float], None]
 
 
 class FilePromotion:
-    """One process's promotions, one at a time on ``writer``; a snapshot being copied is
-    ``pinned`` (never retired) until its copy is done."""
+    """Promotes local snapshots to the run directory by copying their files, one at a time
+    on ``writer``.
+
+    A snapshot being copied is ``pinned`` (never retired) until its copy is done."""
 
     def __init__(
         self,

@@ -61,8 +61,10 @@ log = logging.getLogger(__name__)
 
 
 class Peers:
-    """One rank's share of the job's peer replicas. Built on every rank at once (it agrees
-    on the layout and creates a process group: collective)."""
+    """Keeps copies of this rank's snapshots on a peer, and the peers' copies here.
+
+    Built on every rank at once: it agrees on the layout and creates a process group
+    (collective)."""
 
     def __init__(self, cfg: LocalConfig, node_dir: Path, world: World) -> None:
         self.world = world

@@ -124,9 +124,11 @@ def not_durable(path: Path) -> str:
 
 
 class Pins:
-    """The steps whose snapshots a reader holds (a promotion, a copy to peers), counted per
-    reader: a step stays pinned while any of them holds it (one reader's release never
-    un-pins another's). Safe across threads."""
+    """Counts who holds each snapshot (a promotion, a copy to peers), so none is retired
+    while read.
+
+    A step stays pinned while any reader holds it: one reader's release never un-pins
+    another's. Safe across threads."""
 
     def __init__(self) -> None:
         self._held: Counter[int] = Counter()

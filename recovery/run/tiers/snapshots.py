@@ -6,8 +6,9 @@ that writes. :meth:`LocalTier.snapshot` commits a step's
 thread (its pause); :meth:`LocalTier.save` does so and then promotes the snapshot
 to the run directory on a background thread (:mod:`recovery.run.tiers.copying`:
 its files copied; under ``torchrun`` :mod:`recovery.run.tiers.collective`: every
-rank's, collectively), reporting the persistent commit to the checkpointer's
-``committed`` callback as a background save does.
+rank's, collectively), reporting the persistent commit to the ``committed`` callback
+it was given (:class:`~recovery.run.saving.aftercommit.AfterCommit`), as a background
+save does.
 """
 
 from __future__ import annotations

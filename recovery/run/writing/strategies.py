@@ -1,12 +1,12 @@
 """Where a save runs: inline, on the background writer, or across the ranks of a job.
 
-The checkpointer picks one strategy at construction (:func:`choose`) and hands
-it each :class:`~recovery.run.writing.job.SaveJob`; the strategy obtains the state's
-tensors its own way, writes the job, and reports the commit with its
-:class:`Cost` to the checkpointer's ``committed`` callback (lineage,
-retention, cost record, DVC). Rejected: ``if distributed / elif async``
-branches in the save path, which made every new way of saving another branch
-through the checkpointer.
+One strategy is chosen when the checkpointer is assembled (:func:`choose`), and
+each :class:`~recovery.run.writing.job.SaveJob` is handed to it; the strategy obtains
+the state's tensors its own way, writes the job, and reports the commit with its
+:class:`Cost` to the ``committed`` callback it was given
+(:class:`~recovery.run.saving.aftercommit.AfterCommit`: lineage, retention, cost
+record, DVC). Rejected: ``if distributed / elif async`` branches in the save path,
+which made every new way of saving another branch through the checkpointer.
 """
 
 from __future__ import annotations
