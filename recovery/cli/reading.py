@@ -28,7 +28,7 @@ from recovery.cli.common import (
     trust_of,
 )
 from recovery.provenance import lineage
-from recovery.run.restoring import checked, selfcheck
+from recovery.run.restoring import certificate, checked, selfcheck
 
 if TYPE_CHECKING:  # audit's walk and index: imported by the audit command only
     from recovery.tools import audit
@@ -51,6 +51,7 @@ def cmd_verify(args: argparse.Namespace) -> int:
         "sha256": mf.root,
         "signer": checked.signer(mf),
         "delta": loaded.delta,
+        "certificate": certificate.resumes(mf.recovery.get("lineage", [])),
     }
     chain = (
         f"; a delta of {loaded.delta['base']} (verified too)" if loaded.delta is not None else ""
@@ -58,11 +59,25 @@ def cmd_verify(args: argparse.Namespace) -> int:
     emit(
         args,
         data,
-        f"OK {loaded.path}: step {loaded.step}, purpose {mf.purpose}, "
-        f"{len(mf.files)} files verified, signed by {signer_text(data['signer'])}, "
-        f"sha256 {mf.root}{chain}",
+        "\n".join(
+            [
+                f"OK {loaded.path}: step {loaded.step}, purpose {mf.purpose}, "
+                f"{len(mf.files)} files verified, signed by {signer_text(data['signer'])}, "
+                f"sha256 {mf.root}{chain}",
+                *certificate_lines(data["certificate"]),
+            ]
+        ),
     )
     return 0
+
+
+def certificate_lines(resumes: list[dict[str, Any]]) -> list[str]:
+    """The signed resume certificate: one line for all, one per resume (none: nothing)."""
+    if not resumes:
+        return []
+    return [f"certificate: {certificate.tally(resumes)}"] + [
+        "  " + certificate.line(r) for r in resumes
+    ]
 
 
 def delta_lines(delta: dict[str, Any] | None) -> list[str]:
@@ -224,6 +239,9 @@ def audit_text(report: audit.Report) -> str:
             f"pruned {sum(link.status == audit.PRUNED for link in report.links)}, "
             f"failed {len(report.failures)}"
         )
+        resumes = certificate.resumes(report.lineage)
+        if resumes:
+            out.append(f"certificate: {certificate.tally(resumes)}")
     out.append("result: " + ("OK" if report.ok else f"FAILED at {report.failures[0].name}"))
     return "\n".join(out)
 

@@ -39,7 +39,7 @@ from recovery.format.manifest import Manifest
 from recovery.integrity import chain
 from recovery.integrity.signing import TrustStore
 from recovery.provenance.lineage import PROMOTED_FROM
-from recovery.run.restoring import checked
+from recovery.run.restoring import certificate, checked
 from recovery.tools.audit_index import (
     Index,
     abandoned_of,
@@ -151,6 +151,7 @@ class Report:
             "links": [link.as_dict() for link in self.links],
             "lineage": self.lineage,
             "abandoned": self.abandoned,
+            "certificate": certificate.resumes(self.lineage),
         }
 
 

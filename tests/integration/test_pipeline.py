@@ -89,7 +89,13 @@ def test_dvc_repro_exports_then_does_nothing_then_reexports_after_training(proje
     third = sh(proj, "dvc", "repro", env=env)
     assert "Running stage 'export'" in third.stdout
     assert cli.main(["verify", str(art), "--json", *trusted]) == 0
-    assert json.loads(capsys.readouterr().out)["step"] == 60
+    verified = json.loads(capsys.readouterr().out)
+    assert verified["step"] == 60
+    # the resume's verdict, signed into the checkpoint's lineage, is carried into the export
+    why = "nothing to compare: no step was journaled after this checkpoint"
+    assert verified["certificate"] == [
+        {"at_step": 40, "check": {"status": "skipped", "reason": why}}
+    ]
 
     # the real model-signing client accepts the artifact
     ok = sh(

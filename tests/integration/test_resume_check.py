@@ -10,6 +10,8 @@ exit 30; a data position that is not restored is named as a data-order differenc
 
 from __future__ import annotations
 
+import base64
+import json
 import os
 import signal
 import sys
@@ -18,8 +20,9 @@ from pathlib import Path
 import pytest
 import torch
 
+from recovery import cli
 from recovery.cli.listing import resume_checks
-from recovery.format.layout import METRICS_FILE, scan, step_dir_name
+from recovery.format.layout import METRICS_FILE, SIGNATURE_FILE, scan, step_dir_name
 from recovery.integrity.signing import TrustStore
 from recovery.integrity.trust import KEY_ENV
 from recovery.run.journal import read
@@ -142,3 +145,41 @@ def test_epoch_end_work_killed_at_the_epoch_boundary(tmp_path, forget):
     ]
     same = all(torch.equal(final[0][k], final[1][k]) for k in final[0])
     assert same is not forget
+
+
+def _edit_statement(final: Path, edit) -> None:
+    """Edit the signed statement in ``final``'s model.sig, keeping the old signature."""
+    bundle = json.loads((final / SIGNATURE_FILE).read_bytes())
+    statement = json.loads(base64.b64decode(bundle["dsseEnvelope"]["payload"]))
+    edit(statement["predicate"]["recovery"]["lineage"])
+    bundle["dsseEnvelope"]["payload"] = base64.b64encode(json.dumps(statement).encode()).decode()
+    (final / SIGNATURE_FILE).write_text(json.dumps(bundle))
+
+
+def test_each_resumes_verdict_is_signed_shown_by_verify_and_audit_and_cannot_be_forged(
+    tmp_path, capsys
+):
+    code, out, run_dir = killed_then_resumed(tmp_path, "hidden", "--forget")
+    assert code == 0, out
+    final = run_dir / step_dir_name(16)
+    # the certificate is in the checkpoint's signed lineage: verify shows it, no journal read
+    (run_dir / METRICS_FILE).unlink()
+    assert cli.main(["verify", str(final), "--allow-untrusted"]) == 0
+    text = capsys.readouterr().out
+    assert "certificate: 1 resume, INEXACT" in text
+    assert "resume at step 5: INEXACT at step 6 (loss); 0 of 3 identical" in text
+    assert cli.main(["audit", str(final), "--allow-untrusted", "--json"]) == 0
+    (resume,) = json.loads(capsys.readouterr().out)["certificate"]
+    assert resume["at_step"] == 5 and resume["check"]["status"] == "inexact"
+    # an inexact resume made to look exact, or its verdict stripped: the signature fails
+    saved = (final / SIGNATURE_FILE).read_bytes()
+    forgeries = {
+        "made exact": lambda segs: segs[-1]["check"].update(status="exact", identical=3),
+        "stripped": lambda segs: segs[-1].pop("check"),
+    }
+    for name, edit in forgeries.items():
+        _edit_statement(final, edit)
+        assert cli.main(["verify", str(final), "--allow-untrusted"]) == 16, name
+        assert "signature" in capsys.readouterr().err, name
+        (final / SIGNATURE_FILE).write_bytes(saved)
+    assert cli.main(["verify", str(final), "--allow-untrusted"]) == 0

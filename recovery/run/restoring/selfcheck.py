@@ -312,6 +312,12 @@ class ResumeCheck:
             self._done(summary)
 
 
+TURNED_OFF = "the resume check is off (checkpoint.resume_check.enabled=false)"
+RESHARDED = "resharded onto another world size"
+REPLACED = "another run's checkpoint, continued as asked: this journal's steps are not its own"
+"""Why a resume is not compared: the ``reason`` of :func:`skipped`."""
+
+
 def nothing_redone(resumed_at: int, final_step: int) -> str:
     """Why a resume has no redone step to compare (the ``reason`` of :func:`skipped`)."""
     if resumed_at >= final_step:

@@ -267,14 +267,17 @@ class Restorer:
         *,
         drift: list[str],
     ) -> None:
-        """Compare the steps this resume redoes with the journal's, when that means anything."""
+        """Compare the steps this resume redoes with the journal's, when that means anything;
+        either way its verdict goes into the run's lineage (every later checkpoint signs it)."""
         check = self.cfg.resume_check
         if not check.enabled:
+            self._not_compared(step, selfcheck.TURNED_OFF)
             return
         if self.status.identity.resharded:  # another world size reseeds: not the same run
-            self.journal.write(selfcheck.skipped(step, "resharded onto another world size"))
+            self._not_compared(step, selfcheck.RESHARDED)
             return
         if replaced is not None:  # another run's checkpoint: this journal's steps are not its
+            self._not_compared(step, selfcheck.REPLACED)
             return
         if self.world.rank and sharded.is_sharded(state.components.get(MODEL)):
             # the journal's update sizes are rank 0's shard's: another rank's differ
@@ -289,11 +292,16 @@ class Restorer:
             drift=drift,
         )
         if self._check.done:  # the dead process journaled no step after the checkpoint
-            why = selfcheck.nothing_redone(step, self.final_step)
-            self.journal.write(selfcheck.skipped(step, why))
             self._check = None
+            self._not_compared(step, selfcheck.nothing_redone(step, self.final_step))
         else:
             self.journal.watch(self._check)
+
+    def _not_compared(self, step: int, reason: str) -> None:
+        """Journal and sign a resume that is not compared, and why."""
+        record = selfcheck.skipped(step, reason)
+        self.journal.write(record)
+        self._sign_check(record)
 
     def _sign_check(self, summary: dict[str, Any]) -> None:
         # a new segment dict: a save job in flight keeps the list it copied, untouched
