@@ -15,6 +15,7 @@ from typing import Any
 
 from omegaconf import DictConfig, OmegaConf
 
+from recovery import access
 from recovery.config import (
     THREADS_AUTO,
     CheckpointConfig,
@@ -36,6 +37,7 @@ from recovery.run.trackers.config import TrackersConfig
 log = logging.getLogger(__name__)
 
 LOGS_DIR = ".hydra"
+RESUME_AFTER = "then requeue with +resume=latest (committed checkpoints are intact)"
 """``<checkpoint.root>/.hydra/<run.name>/...``: Hydra's job logs (``hydra.run.dir`` and
 ``hydra.sweep.dir`` in conf/config.yaml), beside the run directories, never inside one."""
 
@@ -252,6 +254,8 @@ def run(cfg: DictConfig) -> int:
         _discard_job_dir(cfg)
         if isinstance(err, RecoveryError):
             raise
+        if isinstance(err, PermissionError):  # a permission, not the storage: say whose
+            raise access.denied(err, "a file the run reads or writes", RESUME_AFTER) from err
         # the storage failed under the run (its directory deleted, the disk full): one line
         raise StorageError(
             f"{err.filename or 'the checkpoint root'}: {err.strerror or err}; committed "

@@ -30,6 +30,8 @@ and what to do. Only ``recovery.cli`` maps these classes to exit codes.
     │   └── RollbackError                       strict resume refused: the newest commit is gone
     ├── SigningKeyError(ValueError)             a signing key cannot be read or is unsupported
     ├── Preempted                               a preemption signal: checkpointed, requeue me
+    ├── StorageError(OSError)                   the checkpoint root cannot be written, the disk full
+    ├── PermissionDeniedError(PermissionError)  a key, file or directory this user may not use
     ├── TrackingError(OSError)                  DVC could not register, push or fetch
     ├── ExportError(ValueError)                 an export failed parity or could not be built
     ├── DrillError                              a drill or preflight found a difference
@@ -226,6 +228,11 @@ class Preempted(RecoveryError):
 class StorageError(RecoveryError, OSError):
     """The checkpoint root or run directory cannot be created, written or read: read-only,
     permissions, deleted while the run was writing it, or a full disk."""
+
+
+class PermissionDeniedError(RecoveryError, PermissionError):
+    """A key, file or directory that this process may not read or write (its owner or mode
+    says no); the message names it, its owner and mode, and this process's user."""
 
 
 class TrackingError(RecoveryError, OSError):

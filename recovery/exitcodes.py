@@ -20,6 +20,11 @@ EXIT_CODES: list[tuple[type[BaseException], int, str]] = [
     (errors.TruncatedFileError, 8, "a file has the wrong size"),
     (errors.DigestMismatchError, 9, "a file's sha256 does not match"),
     (errors.UnreadableFileError, 27, "a checkpoint file cannot be read (permissions, I/O)"),
+    (
+        errors.PermissionDeniedError,
+        31,
+        "permission denied: a key, file or directory this user may not read or write",
+    ),
     (errors.SignatureError, 16, "signature bundle malformed or signature invalid"),
     (errors.UntrustedSignerError, 17, "signer not in the trust store"),
     (errors.ForeignCheckpointError, 24, "a checkpoint of another run in this run's directory"),

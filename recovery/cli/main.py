@@ -21,7 +21,7 @@ import sys
 from collections.abc import Collection, Sequence
 from typing import NoReturn
 
-from recovery import errors
+from recovery import access, errors
 from recovery.cli import helptext
 from recovery.cli.codes import error_json, print_error_json, report
 from recovery.version import __version__
@@ -92,7 +92,12 @@ def main(argv: Sequence[str] | None = None) -> int:
     parser = build_parser([name] if name in helptext.COMMANDS else [], json_errors=as_json)
     args = parser.parse_args(argv)
     try:
-        return int(args.func(args))
+        try:
+            return int(args.func(args))
+        except PermissionError as denied:  # one the command did not name itself
+            if isinstance(denied, errors.RecoveryError):
+                raise
+            raise access.denied(denied, f"what recovery {name} reads or writes", "") from denied
     except errors.RecoveryError as err:
         if getattr(args, "json", False):
             print_error_json(err)

@@ -168,8 +168,8 @@ class CheckpointConfig:
     """Signals that mean "checkpoint at the next step boundary and exit
     ``preempt_exit_code``"."""
     preempt_exit_code: int = 75
-    """The exit code of a preempted run ("checkpointed, requeue me"): 75 (EX_TEMPFAIL); 31
-    to 255, never one of recovery's own error codes (1 to 30). Kubeflow's ``restartPolicy:
+    """The exit code of a preempted run ("checkpointed, requeue me"): 75 (EX_TEMPFAIL); 32
+    to 255, never one of recovery's own error codes (1 to 31). Kubeflow's ``restartPolicy:
     ExitCode`` retries only 128 to 255: set e.g. 143 there."""
     cluster: ClusterConfig = field(default_factory=ClusterConfig)
     """The batch scheduler the run is under: its job names the run, each start is

@@ -22,7 +22,7 @@ SEED_MAX = 2**64 - 1
 UNCATCHABLE = frozenset({"SIGKILL", "SIGSTOP"})
 """Signals no handler can catch: never a preemption signal."""
 
-OWN_EXIT_CODES = range(1, 31)
+OWN_EXIT_CODES = range(1, 32)
 """The exit codes recovery keeps for its errors (:mod:`recovery.exitcodes`; 2 is a usage
 error): never the exit code of a preemption, which a scheduler must tell apart from them."""
 

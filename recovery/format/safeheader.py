@@ -217,19 +217,26 @@ def _show(value: Any) -> str:
     return reprlib.repr(value)
 
 
+Spans = Callable[[bytes], list[tuple[int, int]]]
+"""Given a file's header bytes, the byte ranges ``[begin, end)`` of the file to keep too."""
+
+
 def read_hashed(
     path: Path,
     *,
     size: int,
     algorithm: str = digests.SHA256,
     progress: Callable[[int], None] | None = None,
-) -> tuple[str, bytes]:
-    """Hash the ``size``-byte file ``path`` (no symlink followed) in one pass, keeping only
-    its header's bytes: ``(hex digest, the file's first bytes up to its header's end)``.
+    also: Spans | None = None,
+) -> tuple[str, bytes, dict[tuple[int, int], bytes]]:
+    """Hash the ``size``-byte file ``path`` (no symlink followed) in one pass, keeping its
+    header's bytes and the ranges ``also`` names once it has the header: ``(hex digest,
+    the file's first bytes up to its header's end, the bytes of each range)``.
 
-    The prefix is what :func:`parse` checks once the digest matches; nothing else of the
-    file stays in memory. A length that cannot be a header keeps the first 8 bytes only
-    (:func:`parse` then names it).
+    The prefix is what :func:`parse` checks once the digest matches, and the ranges are
+    the very bytes hashed (a delta's row indexes, say); nothing else of the file stays in
+    memory. A length that cannot be a header keeps the first 8 bytes only (:func:`parse`
+    then names it).
 
     Raises:
         TruncatedFileError: the file holds fewer bytes than ``size`` (it shrank while read).
@@ -238,6 +245,7 @@ def read_hashed(
     buffer = memoryview(bytearray(digests.CHUNK))
     kept = bytearray()  # the file's bytes [0, keep): all read so far while got < keep
     keep, decided, got = 8, False, 0
+    ranges: dict[tuple[int, int], bytearray] | None = None if also is not None else {}
     fd = os.open(path, os.O_RDONLY | os.O_NOFOLLOW)
     try:
         while got < size and (n := os.preadv(fd, [buffer[: min(size - got, len(buffer))]], got)):
@@ -248,6 +256,12 @@ def read_hashed(
                 decided = True
             if got < keep:
                 kept += buffer[: min(n, keep - got)]
+            if ranges is None and also is not None and decided and got + n >= keep:
+                ranges = {span: bytearray() for span in also(bytes(kept))}
+            for (begin, end), into in (ranges or {}).items():  # in file order, chunk by chunk
+                lo, hi = max(begin, got), min(end, got + n)
+                if lo < hi:
+                    into += buffer[lo - got : hi - got]
             got += n
             if progress is not None:
                 progress(n)
@@ -259,4 +273,4 @@ def read_hashed(
             "Resume from another checkpoint.",
             path=path,
         )
-    return h.hexdigest(), bytes(kept)
+    return h.hexdigest(), bytes(kept), {span: bytes(b) for span, b in (ranges or {}).items()}

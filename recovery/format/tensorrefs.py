@@ -8,12 +8,16 @@ tensors its index says), a delta's patched tables (their stored rows and values
 present, dtypes and shapes that fit the base's table, no stray rows), and every
 ``{"__tensor__": key}`` of a component's skeleton present. Used by
 :func:`recovery.run.restoring.choose.check`, the hash-only verification of ``recovery ls``
-and ``recovery verify``. Not checked without decoding: the values of a delta's
-row indexes (ascending, in range), which only the decoder reads.
+and ``recovery verify``. The values of a delta's
+row indexes are checked too (in range, ascending, unique) from their verified bytes,
+when the caller kept them (:class:`recovery.integrity.hashonly.Checked` does).
 """
 
 from __future__ import annotations
 
+import array
+import itertools
+import sys
 from collections.abc import Callable, Iterable, Mapping
 from pathlib import Path
 from typing import Any, TypeVar
@@ -30,6 +34,8 @@ Headers = Callable[[str], dict[str, Entry] | None]
 """A listed tensor file's checked header entries by tensor name (``None``: not listed)."""
 Documents = Callable[[str], bytes | None]
 """A listed JSON file's verified bytes (``None``: not listed)."""
+Rows = Callable[[str, str], bytes | None]
+"""A tensor file's verified bytes of one delta row-index tensor, by (file, stored key)."""
 
 
 def component(where: Path, name: str, headers: Headers, documents: Documents) -> dict[str, Entry]:
@@ -63,9 +69,11 @@ def check(
     headers: Headers,
     documents: Documents,
     base: tuple[Path, Headers, Documents] | None,
+    rows: Rows | None = None,
 ) -> None:
     """Refuse what decoding ``doc``'s components would refuse (see the module), a delta's
-    against its ``base`` (its path, headers and documents).
+    against its ``base`` (its path, headers and documents), its row indexes' values too
+    when ``rows`` gives their verified bytes.
 
     Raises:
         FormatError: naming the file, with the decoder's message.
@@ -81,7 +89,13 @@ def check(
         flat = component(where, name, headers, documents)
         if base is not None and patched.get(name):
             old = component(base[0], name, base[1], base[2])
-            flat = _patch(flat, old, patched[name], where=str(fname))
+            files = component_files(where, name, headers, documents) if rows else []
+
+            def stored_rows(key: str, files: list[str] = files) -> bytes | None:
+                found = (rows(f, key) for f in files) if rows is not None else iter(())
+                return next((b for b in found if b is not None), None)
+
+            flat = _patch(flat, old, patched[name], where=str(fname), row_bytes=stored_rows)
         for key in sorted(statedoc.tensor_refs(skeleton)):
             if key not in flat:
                 raise FormatError(
@@ -91,7 +105,12 @@ def check(
 
 
 def _patch(
-    stored: dict[str, Entry], base: dict[str, Entry], tables: Any, *, where: str
+    stored: dict[str, Entry],
+    base: dict[str, Entry],
+    tables: Any,
+    *,
+    where: str,
+    row_bytes: Callable[[str], bytes | None],
 ) -> dict[str, Entry]:
     """``stored`` as the decoder's :func:`recovery.format.delta.patch` would leave it,
     checked from the headers."""
@@ -114,11 +133,38 @@ def _patch(
                 f"values of {values.dtype} {list(values.shape)}, expected {old.dtype} "
                 f"{[rows.shape[0], *old.shape[1:]]}"
             )
+        data = row_bytes(ROWS + key) if problem is None else None
+        if data is not None:
+            problem = row_values(data, old.shape[0])
         if problem is not None:
             raise FormatError(f"{where}: patched table {key!r}: {problem}")
         out[key] = old
     no_stray(stored, tables, where=where)
     return out
+
+
+def row_values(data: bytes, rows: int) -> str | None:
+    """What is wrong with a delta's row indexes (``data``: little-endian int64) for a table
+    of ``rows`` rows, in the decoder's words and order; ``None``: in range, ascending and
+    unique."""
+    index = array.array("q")
+    index.frombytes(data[: len(data) - len(data) % 8])
+    if sys.byteorder == "big":
+        index.byteswap()
+    if len(index) and (index[0] < 0 or index[-1] >= rows):
+        return f"rows outside 0..{rows - 1}"
+    if any(b <= a for a, b in itertools.pairwise(index)):
+        return "rows not ascending and unique"
+    return None
+
+
+def component_files(where: Path, name: str, headers: Headers, documents: Documents) -> list[str]:
+    """The tensor files holding a component: its own file, or the shards its index names."""
+    if headers(tensor_file(name)) is not None:
+        return [tensor_file(name)]
+    iname = shards.index_name(name)
+    raw = documents(iname)
+    return [] if raw is None else list(shards.shard_names(name, raw, where=str(where / iname)))
 
 
 def table_parts(

@@ -28,6 +28,7 @@ from collections.abc import Iterable
 from dataclasses import dataclass
 from pathlib import Path
 
+from recovery import access
 from recovery.integrity.signing import PUBLIC_KEY_FILE
 
 log = logging.getLogger(__name__)
@@ -105,11 +106,25 @@ def project_dev_key(start: Path, *, made_here: bool = False) -> Path | None:
         candidate = directory / PROJECT_DEV_KEY
         public = candidate / PUBLIC_KEY_FILE
         need = made_here or directory != start
-        if public.is_file() and _own(candidate) and (not need or registered(public)):
+        # another user's key is never this user's dev key: not even looked into
+        if _own(candidate) and _is_file(public) and (not need or registered(public)):
             return candidate
         if (directory / ".git").exists():
             return None
     return None
+
+
+def _is_file(public: Path) -> bool:
+    """Whether this user's dev key directory holds ``public``.
+
+    Raises:
+        PermissionDeniedError: the directory is this user's, but its mode shuts them out.
+    """
+    try:
+        return public.is_file()
+    except PermissionError as err:
+        remedy = f"or set ${DEV_KEY_ENV} to a dev key directory this user may read"
+        raise access.denied(err, "the project's dev key", remedy) from err
 
 
 @dataclass(frozen=True)

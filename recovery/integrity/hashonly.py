@@ -19,10 +19,12 @@ from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
 from pathlib import Path
 
+from recovery.errors import FormatError
 from recovery.format import claims, digests, safeheader
 from recovery.format.layout import TENSOR_SUFFIX
 from recovery.format.manifest import FileRecord, Manifest
 from recovery.format.safeheader import Entry
+from recovery.format.statedoc import ROWS
 from recovery.integrity import listed
 from recovery.integrity.signing import TrustStore
 from recovery.progress import bytes_bar
@@ -41,6 +43,13 @@ class Checked:
     documents: dict[str, bytes]
     heads: dict[str, bytes] = field(repr=False)
     sizes: dict[str, int] = field(repr=False)
+    rows: dict[tuple[str, str], bytes] = field(default_factory=dict, repr=False)
+    """The verified bytes of each delta row-index tensor, by (file, stored key)."""
+
+    def row_bytes(self, name: str, key: str) -> bytes | None:
+        """The verified bytes of tensor ``key`` of file ``name``, a delta's row indexes
+        (``None``: no such row-index tensor)."""
+        return self.rows.get((name, key))
 
     def document(self, name: str) -> bytes | None:
         """A listed document's verified bytes (``None``: not listed, or not a document)."""
@@ -73,6 +82,7 @@ def check(path: str | Path, trust: TrustStore, *, allow_untrusted: bool = False)
 def _check(path: Path, trust: TrustStore, *, allow_untrusted: bool) -> Checked:
     mf, sizes = listed.check(path, trust, allow_untrusted=allow_untrusted)
     lock = threading.Lock()
+    rows: dict[tuple[str, str], bytes] = {}
     with bytes_bar(sum(sizes.values()), f"verifying {path.name}") as bar:
 
         def progress(n: int) -> None:
@@ -82,9 +92,19 @@ def _check(path: Path, trust: TrustStore, *, allow_untrusted: bool) -> Checked:
         def one(rec: FileRecord) -> tuple[str, bytes]:
             file = path / rec.name
             if rec.name.endswith(TENSOR_SUFFIX):
-                return safeheader.read_hashed(
-                    file, size=sizes[rec.name], algorithm=mf.hash_type, progress=progress
+                size = sizes[rec.name]
+                found: dict[tuple[int, int], str] = {}  # the row-index tensors' spans
+
+                def spans(head: bytes) -> list[tuple[int, int]]:
+                    found.update(_row_spans(head, size, str(file)))
+                    return list(found)
+
+                digest, head, got = safeheader.read_hashed(
+                    file, size=size, algorithm=mf.hash_type, progress=progress, also=spans
                 )
+                with lock:
+                    rows.update({(rec.name, key): got[span] for span, key in found.items()})
+                return digest, head
             if rec.name.endswith(DOCUMENT_SUFFIXES):
                 data = listed.read_nofollow(file)
                 progress(len(data))
@@ -103,4 +123,18 @@ def _check(path: Path, trust: TrustStore, *, allow_untrusted: bool) -> Checked:
     documents = {n: b for n, b in kept.items() if n.endswith(DOCUMENT_SUFFIXES)}
     heads = {n: b for n, b in kept.items() if n.endswith(TENSOR_SUFFIX)}
     claims.check(path, kept, documents.get)
-    return Checked(path, mf, documents, heads, {n: sizes[n] for n in heads})
+    return Checked(path, mf, documents, heads, {n: sizes[n] for n in heads}, rows)
+
+
+def _row_spans(head: bytes, size: int, name: str) -> dict[tuple[int, int], str]:
+    """The byte ranges of a tensor file's delta row-index tensors, by their stored key
+    (none when the header does not parse: :meth:`Checked.header` names that later)."""
+    try:
+        header = safeheader.parse(head, size, name=name)
+    except FormatError:
+        return {}
+    return {
+        (header.start + e.begin, header.start + e.end): e.key
+        for e in header.entries
+        if e.key.startswith(ROWS)
+    }

@@ -37,6 +37,7 @@ from cryptography import exceptions as crypto_exc
 from cryptography.hazmat.primitives import hashes, serialization
 from cryptography.hazmat.primitives.asymmetric import ec
 
+from recovery import access
 from recovery.errors import SignatureError, SigningKeyError, UntrustedSignerError
 from recovery.format import bounded
 from recovery.format.manifest import SignatureCheck
@@ -56,6 +57,10 @@ _CURVES: dict[str, type[hashes.SHA256 | hashes.SHA384 | hashes.SHA512]] = {
     "secp384r1": hashes.SHA384,
     "secp521r1": hashes.SHA512,
 }
+KEY_REMEDY = "or point signing.key (or $RECOVERY_SIGNING_KEY) at a key this user may read"
+"""What else fixes a signing key this user may not read (:mod:`recovery.access`)."""
+TRUST_REMEDY = "or pass --trusted / signing.trusted with a copy this user may read"
+"""What else fixes a trusted key this user may not read."""
 
 
 def pae(payload: bytes) -> bytes:
@@ -168,6 +173,8 @@ class Signer:
     def __init__(self, key_path: Path, *, dev: bool = False) -> None:
         try:
             key = serialization.load_pem_private_key(key_path.read_bytes(), password=None)
+        except PermissionError as err:
+            raise access.denied(err, "the signing key", KEY_REMEDY) from err
         except OSError as err:
             raise SigningKeyError(
                 f"{key_path}: cannot read the signing key ({err})", path=key_path
@@ -283,7 +290,12 @@ class TrustStore:
             else:
                 continue
             for f in files:
-                store.add_pem(f.read_bytes(), source=str(f), dev=dev)
+                try:
+                    pem = f.read_bytes()
+                except PermissionError as err:
+                    what = "a dev key" if dev else "a trusted public key"
+                    raise access.denied(err, what, TRUST_REMEDY) from err
+                store.add_pem(pem, source=str(f), dev=dev)
         return store
 
 

@@ -15,11 +15,13 @@ import os
 from collections.abc import Iterable
 from pathlib import Path
 
+from recovery import access
 from recovery.config import SigningConfig
 from recovery.integrity import devkeys, nofollow
 from recovery.integrity.devkeys import DEV_KEY_ENV as DEV_KEY_ENV
 from recovery.integrity.devkeys import PROJECT_DEV_KEY as PROJECT_DEV_KEY
 from recovery.integrity.signing import (
+    KEY_REMEDY,
     PRIVATE_KEY_FILE,
     PUBLIC_KEY_FILE,
     Signer,
@@ -75,6 +77,7 @@ def resolve_signer(
     Raises:
         SigningKeyError: the configured key cannot be read or is not ECDSA, or is not the
             private half of the public key beside it (:func:`paired`).
+        PermissionDeniedError: a key, or the dev key's directory, this user may not read.
     """
     from_env = env_signer()
     if from_env is not None:
@@ -83,7 +86,11 @@ def resolve_signer(
         return paired(Signer(Path(cfg.key)))
     fallback = create_in.absolute() if create_in is not None else None
     dev_dir = dev_key_dir(cfg.dev_key_dir, near=near, fallback=fallback)
-    if not (dev_dir / PRIVATE_KEY_FILE).exists():
+    try:
+        made = (dev_dir / PRIVATE_KEY_FILE).exists()
+    except PermissionError as err:  # another user's project key, say: not this run's to use
+        raise access.denied(err, "the dev signing key", KEY_REMEDY) from err
+    if not made:
         generate_keypair(dev_dir)
         _register(dev_dir / PUBLIC_KEY_FILE)
         log.warning(
@@ -111,6 +118,8 @@ def paired(signer: Signer) -> Signer:
         return signer
     try:
         beside = key_id(load_public_key(public.read_bytes(), where=str(public)))
+    except PermissionError as err:
+        raise access.denied(err, "the signing key's public half", KEY_REMEDY) from err
     except OSError as err:
         raise SigningKeyError(f"{public}: cannot read it ({err})", path=public) from err
     if beside != signer.key_id:

@@ -253,3 +253,75 @@ def test_an_unreadable_file_in_the_newest_checkpoint_is_a_fallback(committed, da
     assert "RESUME FALLBACK" in err and "cannot be read (Permission denied)" in err
     assert f"at step 70 from {committed / 'r' / step_dir_name(70)}" in err
     assert stat.S_IMODE((newest / "optimizer.safetensors").stat().st_mode) != 0  # re-saved
+
+
+def _keys_of(signer, where: Path, *, owner: int | None = None, mode: int = 0o700) -> Path:
+    """A copy of ``signer``'s key pair in ``where`` (a dev key directory), owned by
+    ``owner`` (default: this user) with ``mode``."""
+    where.mkdir(parents=True)
+    shutil.copy(signer.path, where / "recovery.key")
+    shutil.copy(signer.path.parent / "recovery.pub", where / "recovery.pub")
+    for path in (where, *where.iterdir()):
+        if owner is not None:
+            os.chown(path, owner, -1)
+    where.chmod(mode)
+    return where
+
+
+def verify(path: Path, *args: str, cwd: Path) -> tuple[int, str]:
+    """``recovery verify`` without the permission-bypassing capabilities."""
+    cmd = [*UNPRIVILEGED, sys.executable, "-c", "from recovery import cli; cli.main_entry()"]
+    env = {k: v for k, v in os.environ.items() if k != KEY_ENV}
+    done = subprocess.run(
+        [*cmd, "verify", str(path), *args], cwd=cwd, env=env, capture_output=True, text=True
+    )
+    return done.returncode, done.stdout + done.stderr
+
+
+@needs_setpriv
+def test_a_signing_key_this_user_may_not_read_is_one_line_exit_31(tmp_path, data_root, signer):
+    key = _keys_of(signer, tmp_path / "keys") / "recovery.key"
+    key.chmod(0)
+    root = tmp_path / "ckpts"
+    root.mkdir()
+    proc = train(root, data_root, signer, unprivileged=True, env={KEY_ENV: str(key)})
+    code, out = finish(proc)
+    line = one_line(out)
+    assert code == 31, out[-3000:]
+    assert line.startswith(f"error: {key}: permission denied (the signing key; owner ")
+    assert "mode 0000" in line and "point signing.key" in line
+    assert not (root / "r").exists()  # refused before the run directory was made
+
+
+@needs_setpriv
+def test_the_dev_key_directories_this_user_may_not_use_are_said_or_passed_over(
+    tmp_path, committed, data_root, signer
+):
+    """Another user's project dev key is not this user's: ``verify`` passes over it (the
+    checkpoint verifies against --trusted), and ``train.py`` there cannot sign with it
+    (exit 31, naming it); this user's own dev key directory shut to them is exit 31."""
+    if os.geteuid() != 0:
+        pytest.skip("needs root to give a dev key directory to another user")
+    project = tmp_path / "project"
+    nobody = 65534
+    dev = _keys_of(signer, project / ".recovery" / "dev-key", owner=nobody)
+    checkpoint = committed / "r" / step_dir_name(80)
+    trusted = ["--trusted", str(signer.path.parent)]
+    code, out = verify(checkpoint, *trusted, cwd=project)
+    assert code == 0 and out.startswith(f"OK {checkpoint}: step 80"), out
+    root = project / "ckpts"
+    root.mkdir()
+    proc = train(root, data_root, signer, unprivileged=True, env={KEY_ENV: ""})
+    code, out = finish(proc)
+    line = one_line(out)
+    assert code == 31, out[-3000:]
+    assert line.startswith(f"error: {dev / 'recovery.key'}: permission denied (the dev signing")
+    assert f"owner nobody (uid {nobody})" in line
+    # this user's own project key, its directory shut (mode 0): verify says so, exit 31
+    for path in (dev, *dev.iterdir()):
+        os.chown(path, 0, -1)
+    dev.chmod(0)
+    code, out = verify(checkpoint, *trusted, cwd=project)
+    assert code == 31 and "Traceback" not in out, out
+    assert out.startswith(f"error: {dev / 'recovery.pub'}: permission denied (the project's dev")
+    dev.chmod(0o700)

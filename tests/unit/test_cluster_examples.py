@@ -36,13 +36,14 @@ def checkpoint_config(overrides: list[str]) -> CheckpointConfig:
     [
         (75, True),  # EX_TEMPFAIL, the default
         (143, True),  # 128 + SIGTERM: Kubeflow's ExitCode policy retries it
-        (31, True),
+        (32, True),
         (255, True),
         (0, False),  # success
-        (1, False),  # recovery's own codes, 1-30
+        (1, False),  # recovery's own codes, 1-31
         (2, False),
         (12, False),
         (30, False),
+        (31, False),
         (256, False),  # no exit status
         (-1, False),
         (True, False),

@@ -292,3 +292,77 @@ def test_a_delta_named_by_a_relative_path_finds_its_base(chain_run, trust, monke
     diff, _ = chain_run
     monkeypatch.chdir(diff / step_dir_name(12))
     assert choose.load(Path("."), trust).delta["base"] == step_dir_name(8)
+
+
+@pytest.mark.parametrize(
+    ("forge", "problem"),
+    [
+        (lambda idx: idx.__setitem__(-1, 10**6), "rows outside 0..{n}"),
+        (lambda idx: idx.__setitem__(0, -1), "rows outside 0..{n}"),
+        (lambda idx: idx.__setitem__(1, idx[0]), "rows not ascending and unique"),
+    ],
+)
+def test_verify_refuses_the_delta_rows_the_loader_refuses_without_torch(
+    chain_run, tmp_path, forge, problem
+):
+    """Row indexes out of range, negative or duplicated, re-signed by an untrusted key:
+    the torch-free check (recovery verify --allow-untrusted) refuses what resuming does,
+    in the same words."""
+    import array
+    import hashlib
+
+    from recovery.errors import FormatError
+    from recovery.format import safeheader
+    from recovery.format.statedoc import ROWS
+    from recovery.integrity.signing import Signer, TrustStore, generate_keypair
+    from recovery.run.restoring import checked
+    from tests.conftest import resign
+
+    diff, _ = chain_run
+    target = diff / step_dir_name(12)
+    for file in sorted(target.glob("*.safetensors")):
+        data = bytearray(file.read_bytes())
+        header = safeheader.parse(bytes(data), len(data), name=str(file))
+        found = [e for e in header.entries if e.key.startswith(ROWS) and e.shape[0] >= 2]
+        if found:
+            break
+    else:
+        pytest.fail("no delta row index of two or more rows in step 12")
+    entry = found[0]
+    begin, end = header.start + entry.begin, header.start + entry.end
+    idx = array.array("q", bytes(data[begin:end]))
+    forge(idx)
+    data[begin:end] = idx.tobytes()
+    file.chmod(0o644)
+    file.write_bytes(bytes(data))
+    digest = hashlib.sha256(bytes(data)).hexdigest()
+
+    other = Signer(generate_keypair(tmp_path / "other")[0])
+
+    def edit(statement):
+        for res in statement["predicate"]["resources"]:
+            if res["name"] == file.name:
+                res["digest"] = digest
+        statement["predicate"]["recovery"]["signer"] = other.describe()
+
+    resign(target, other, edit)
+    key = entry.key[len(ROWS) :]
+    with pytest.raises(FormatError) as loaded:
+        choose.load(target, TrustStore(), allow_untrusted=True)
+    with pytest.raises(FormatError) as verified:
+        checked.check(target, TrustStore(), allow_untrusted=True)
+    said = f"patched table {key!r}: {problem.format(n=entry_rows(diff, key))}"
+    assert said in str(loaded.value) and said in str(verified.value)
+    assert str(verified.value).endswith(str(loaded.value).split(": patched table", 1)[1])
+
+
+def entry_rows(diff, key):
+    """The rows of table ``key`` in the chain's base (step 8)."""
+    from recovery.format import safeheader
+
+    for file in (diff / step_dir_name(8)).glob("*.safetensors"):
+        data = file.read_bytes()
+        for e in safeheader.parse(data, len(data), name=str(file)).entries:
+            if e.key == key:
+                return e.shape[0] - 1
+    raise AssertionError(key)

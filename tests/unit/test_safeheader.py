@@ -25,7 +25,7 @@ def _file(head: str | bytes, data: bytes = b"\0" * 8) -> bytes:
 def _check(tmp_path, blob: bytes) -> safeheader.Header:
     path = tmp_path / "model.safetensors"
     path.write_bytes(blob)
-    _, prefix = safeheader.read_hashed(path, size=len(blob))
+    _, prefix, _ = safeheader.read_hashed(path, size=len(blob))
     return safeheader.parse(prefix, len(blob), name=str(path))
 
 
@@ -168,3 +168,44 @@ def test_a_file_that_shrinks_while_read_is_truncated(tmp_path, monkeypatch):
     with pytest.raises(TruncatedFileError, match=f"expected {len(blob)} bytes, read 20") as info:
         safeheader.read_hashed(path, size=len(blob))
     assert info.value.path == path
+
+
+@pytest.mark.parametrize(
+    ("rows", "n", "problem"),
+    [
+        ([], 10, None),
+        ([0, 3, 9], 10, None),
+        ([3, 10], 10, "rows outside 0..9"),
+        ([-1, 3], 10, "rows outside 0..9"),
+        ([10**6], 10, "rows outside 0..9"),
+        ([3, 3], 10, "rows not ascending and unique"),
+        ([4, 2, 5], 10, "rows not ascending and unique"),
+    ],
+)
+def test_a_deltas_row_indexes_are_judged_from_their_bytes_as_the_decoder_judges(rows, n, problem):
+    import array
+
+    from recovery.format.tensorrefs import row_values
+
+    assert row_values(array.array("q", rows).tobytes(), n) == problem
+
+
+def test_the_hashing_pass_also_keeps_the_ranges_asked_for_once_it_has_the_header(tmp_path):
+    import hashlib
+
+    from recovery.format import safeheader
+
+    header = b'{"a":{"dtype":"I64","shape":[2],"data_offsets":[0,16]}}'
+    data = len(header).to_bytes(8, "little") + header + bytes(range(16))
+    path = tmp_path / "t.safetensors"
+    path.write_bytes(data)
+    start = 8 + len(header)
+    asked = []
+
+    def also(head: bytes) -> list[tuple[int, int]]:
+        asked.append(head)
+        return [(start + 4, start + 12)]
+
+    digest, head, kept = safeheader.read_hashed(path, size=len(data), also=also)
+    assert digest == hashlib.sha256(data).hexdigest() and head == data[:start]
+    assert asked == [data[:start]] and kept == {(start + 4, start + 12): bytes(range(4, 12))}

@@ -5,9 +5,9 @@ a checkpoint (and of a delta's base) except what only decoding tensors can
 see: signature, trust, every file's size and digest, that ``state.json``
 claims every listed file (:func:`recovery.integrity.hashonly.check`); the state
 document and the structure the decoder would refuse, from the tensor files'
-headers (:func:`recovery.format.tensorrefs.check`); the purpose contract. Not
-checked: the values of a delta's row indexes, which only decoding reads. It
-never deserialises a tensor, so it never imports torch.
+headers (:func:`recovery.format.tensorrefs.check`), and a delta's row indexes from
+their verified bytes (in range, ascending, unique); the purpose contract. It never
+deserialises a tensor, so it never imports torch.
 """
 
 from __future__ import annotations
@@ -72,7 +72,7 @@ def check(path: Path, trust: TrustStore, *, allow_untrusted: bool = False) -> Ch
     )
     doc = statedoc.parse(checked.document(STATE_FILE), path)
     theirs = None if base is None else (base.path, base.header, base.document)
-    tensorrefs.check(path, doc, checked.header, checked.document, theirs)
+    tensorrefs.check(path, doc, checked.header, checked.document, theirs, checked.row_bytes)
     meta = statedoc.meta(doc)
     have = contract(path, mf, doc["components"], meta, {r.name for r in mf.files})
     return Checked(path, mf, int(doc["step"]), meta, have, checked.documents, base)
