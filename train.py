@@ -23,15 +23,18 @@ from recovery.errors import RecoveryError
 
 
 @hydra.main(config_path="conf", config_name="config", version_base=None)
-def main(cfg: DictConfig) -> None:
+def main(cfg: DictConfig) -> str:
+    """Train; return how the run went (Hydra keeps it per job: a sweep's summary)."""
     try:
         recipes.check_start(cfg)
     except RecoveryError as err:  # no process group joined yet, even under torchrun
         sys.exit(report(err))
     from recovery.parallel import world as distributed  # imports torch
 
+    said = ""
     try:
-        code = recipes.run(cfg)
+        outcome = recipes.run(cfg)
+        code, said = outcome.code, outcome.said
     except RecoveryError as err:
         code = report(err)
     except BaseException:
@@ -43,6 +46,7 @@ def main(cfg: DictConfig) -> None:
         distributed.exit_now(code)
     if code:
         sys.exit(code)
+    return said
 
 
 if __name__ == "__main__":

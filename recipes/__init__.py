@@ -15,6 +15,7 @@ from typing import Any
 
 from omegaconf import DictConfig, OmegaConf
 
+from recipes.outcome import Outcome
 from recovery import access
 from recovery.config import (
     THREADS_AUTO,
@@ -37,24 +38,25 @@ from recovery.run.trackers.config import TrackersConfig
 log = logging.getLogger(__name__)
 
 LOGS_DIR = ".hydra"
-RESUME_AFTER = "then requeue with +resume=latest (committed checkpoints are intact)"
 """``<checkpoint.root>/.hydra/<run.name>/...``: Hydra's job logs (``hydra.run.dir`` and
 ``hydra.sweep.dir`` in conf/config.yaml), beside the run directories, never inside one."""
+RESUME_AFTER = "then requeue with +resume=latest (committed checkpoints are intact)"
+"""What a run refused for a permission says to do once it is fixed."""
 
 
-def _embedding(cfg: DictConfig) -> int:
+def _embedding(cfg: DictConfig) -> Outcome:
     from recipes import embedding
 
     return embedding.run(cfg)
 
 
-def _classifier(cfg: DictConfig) -> int:
+def _classifier(cfg: DictConfig) -> Outcome:
     from recipes import classifier
 
     return classifier.run(cfg)
 
 
-RECIPES: dict[str, Callable[[DictConfig], int]] = {
+RECIPES: dict[str, Callable[[DictConfig], Outcome]] = {
     "embedding": _embedding,
     "classifier": _classifier,
 }
@@ -239,9 +241,9 @@ def set_threads(cfg: DictConfig) -> int:
     return count
 
 
-def run(cfg: DictConfig) -> int:
+def run(cfg: DictConfig) -> Outcome:
     """Validate the config, set torch's thread count (:func:`set_threads`), run the recipe
-    named by ``cfg.recipe.name``; return the exit code.
+    named by ``cfg.recipe.name``; return its outcome (exit code, and how the run went).
 
     A run that fails before it wrote anything (a bad value, an unreadable key)
     leaves nothing behind: not even the log directory Hydra made for it.

@@ -30,6 +30,7 @@ from torch.utils.data import DataLoader, Dataset
 
 from recipes import common
 from recipes.common import seed_everything, warmup_cosine
+from recipes.outcome import Outcome
 from recovery.config import TrainConfig, typed
 from recovery.config.checks import at_least, check_seed, positive, refuse, within
 from recovery.errors import ConfigError
@@ -176,7 +177,7 @@ def validate(model: nn.Module, digits: Digits) -> dict[str, float]:
         model.train(was_training)
 
 
-def run(cfg: DictConfig) -> int:
+def run(cfg: DictConfig) -> Outcome:
     """Train (or resume, or warm-start) the classifier recipe as ``cfg`` says; return 0."""
     rc = typed(ClassifierConfig, cfg.recipe, key="recipe")
     steps = typed(TrainConfig, cfg.train, key="train").steps

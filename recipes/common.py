@@ -24,9 +24,10 @@ import torch
 from omegaconf import DictConfig, OmegaConf
 from tqdm import tqdm
 
-from recipes import schedule
+from recipes import outcome, schedule
 from recipes.naming import hydra_overrides, named
 from recipes.naming import sweep_job_name as sweep_job_name  # recipes.run cleans its logs
+from recipes.outcome import Outcome
 from recovery import faults
 from recovery.config import (
     CheckpointConfig,
@@ -221,8 +222,9 @@ def train(
     fixed_on_resume: dict[str, str],
     world: World = distributed.SINGLE,
     strategy: str = "ddp",
-) -> int:
-    """Restore ``state`` as ``cfg`` asks, run ``one_step`` to ``train.steps``, checkpoint; return 0.
+) -> Outcome:
+    """Restore ``state`` as ``cfg`` asks, run ``one_step`` to ``train.steps``, checkpoint;
+    return exit code 0 and how the run went (logged too: a sweep's summary shows it).
 
     Args:
         cfg: the composed config.
@@ -285,6 +287,7 @@ def train(
     ):
         log.warning("%s", note)
     log.info("run %s: step %d of %d, %d examples", run_dir, step, steps.steps, examples)
+    began = step
     # a progress bar on a terminal; plain log lines (below) everywhere else
     bar = tqdm(
         total=steps.steps,
@@ -339,4 +342,14 @@ def train(
     except Preempted as err:
         ckpt.requeue_after(err)
         raise
-    return 0
+    how = outcome.said(
+        run_dir,
+        started=began,
+        ended=step,
+        final=steps.steps,
+        resumed=ckpt.resumed_from is not None,
+        warm=OmegaConf.select(cfg, "init_from", default=None) is not None,
+    )
+    if world.leader:
+        log.info("%s", how)
+    return Outcome(0, how)

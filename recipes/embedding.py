@@ -21,6 +21,7 @@ from torch import nn
 from recipes import common
 from recipes.common import seed_everything, warmup_cosine
 from recipes.data import DataConfig, Interactions, load
+from recipes.outcome import Outcome
 from recovery.config import TrainConfig, typed
 from recovery.config.checks import at_least, positive, refuse, within
 from recovery.errors import ConfigError
@@ -211,7 +212,7 @@ def model_config(rc: EmbeddingConfig) -> dict[str, object]:
     }
 
 
-def run(cfg: DictConfig) -> int:
+def run(cfg: DictConfig) -> Outcome:
     """Train (or resume, or warm-start) the embedding recipe as ``cfg`` says; return 0."""
     rc = typed(EmbeddingConfig, cfg.recipe, key="recipe")
     train = typed(TrainConfig, cfg.train, key="train")

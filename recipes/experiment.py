@@ -116,7 +116,7 @@ def main(argv: list[str], env: dict[str, str] | None = None) -> int:
     try:
         cfg = configure(params, env)
         metrics.unlink(missing_ok=True)  # a failed run leaves no metrics of an earlier one
-        code = recipes.run(cfg)
+        code = recipes.run(cfg).code
     except RecoveryError as err:
         return report(err)
     if code == 0:

@@ -17,6 +17,8 @@ values wherever else it reached (the recorded overrides, ``override_dirname``).
 The launcher keeps the real config: the jobs run with the real values; the
 line the launcher logs for each job (``#0 : seed=0 +db.password=...``) is masked
 (:class:`MaskSecrets`).
+When the jobs are done the sweeper also says how each went, one line per job
+(:func:`job_line`: what its ``train.py`` returned, its overrides redacted).
 A sweep with another sweeper plugin (Optuna, Ax) does not get this: pass secrets
 through the environment (``${oc.env:DB_PASSWORD}``) there.
 """
@@ -79,3 +81,10 @@ def redacted_copy(config: DictConfig, secrets: set[str]) -> DictConfig:
     OmegaConf.copy_cache(from_config=config, to_config=copy)
     assert isinstance(copy, DictConfig)
     return copy
+
+
+def job_line(number: int, overrides: list[str], said: object, secrets: set[str]) -> str:
+    """A sweep's line for job ``number``: ``#1 seed=1: run ...: resumed from step 30,
+    trained to step 60``, its overrides redacted (``said``: what the job returned)."""
+    shown = " ".join(redact_overrides(list(overrides), secrets))
+    return mask(f"#{number} {shown}: {said or 'done'}", secrets)

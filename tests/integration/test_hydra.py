@@ -11,7 +11,7 @@ import yaml
 from recovery.format.layout import METRICS_FILE, scan
 from recovery.run.journal import effective_steps
 from tests import launcher
-from tests.integration.conftest import ROOT, SMALL, TRAIN, assert_same_run
+from tests.integration.conftest import ROOT, SMALL, STEPS, TRAIN, assert_same_run
 
 SECRET = "hunter2-do-not-log"
 
@@ -40,6 +40,16 @@ def test_a_killed_sweep_resumes_each_job_in_its_own_run(trainer, tmp_path, refer
     done = trainer(root, *sweep, "+resume=latest")
     assert done.returncode == 0, done.output
     jobs = job_dirs(root / "r.sweep")
+    # the sweep says per job how it went: the finished one not retrained, the killed one
+    # resumed where it was killed, each named by what tells it apart (no secret)
+    assert "sweep: 2 jobs" in done.output
+    assert (
+        f"#0 seed=0: run {jobs['seed=0']}: finished at step {STEPS} before: nothing to train"
+        in done.output
+    )
+    assert f"#1 seed=1: run {jobs['seed=1']}: resumed from step 30, trained to step {STEPS}" in (
+        done.output
+    )
     assert_same_run(reference, jobs["seed=0"], trust)  # each resumed, exactly
     seed1 = trainer(tmp_path / "seed1", "seed=1")  # the second job's uninterrupted run
     assert seed1.returncode == 0, seed1.output
