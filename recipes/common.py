@@ -50,9 +50,9 @@ from recovery.provenance.purpose import PurposeSpec
 from recovery.run import policy, trackers
 from recovery.run.checkpointer import Checkpointer
 from recovery.run.journal import Journal
+from recovery.run.monitoring.watch import report
 from recovery.run.scheduling.preemption import PreemptionGuard
 from recovery.run.trackers import TrackersConfig
-from recovery.run.watch import report
 from recovery.state.health import HealthMonitor, UpdateProbe
 from recovery.state.registry import TrainState
 from recovery.state.sampler import batch_digest

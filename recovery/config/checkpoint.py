@@ -109,6 +109,30 @@ TIMING_KEYS = ("time", "dt", "elapsed", "wall", "wall_s", "step_time", "duration
 """Per-step record fields that measure the machine, not the run: never compared."""
 
 
+FINGERPRINT_AUTO, FINGERPRINT_OFF = "auto", "off"
+
+
+def fingerprint_every(value: object) -> int | None:
+    """``checkpoint.resume_check.fingerprint`` as a step count: ``None`` for ``auto``, 0 for
+    ``off``, else an integer from 1 (the schema's string ``"16"`` as 16).
+
+    Raises:
+        ConfigError: anything else.
+    """
+    text = str(value).strip().lower()
+    if text == FINGERPRINT_AUTO:
+        return None
+    if text == FINGERPRINT_OFF:
+        return 0
+    if not isinstance(value, bool) and text.isascii() and text.isdigit() and int(text) >= 1:
+        return int(text)
+    raise refuse(
+        "checkpoint.resume_check.fingerprint",
+        f"expected {FINGERPRINT_AUTO}, {FINGERPRINT_OFF} or a step count from 1, got {value!r}",
+        FINGERPRINT_AUTO,
+    )
+
+
 @dataclass(kw_only=True)
 class ResumeCheckConfig:
     """``checkpoint.resume_check``: each resume's redone steps against the record of the run
@@ -124,6 +148,11 @@ class ResumeCheckConfig:
     """Stop at the first differing step (``InexactResumeError``, exit 30), unsaved."""
     ignore: list[str] = field(default_factory=lambda: list(TIMING_KEYS))
     """Record fields never compared (timings and throughput, which measure the machine)."""
+    fingerprint: str = FINGERPRINT_AUTO
+    """How often the per-step record carries a fingerprint of the registered modules'
+    parameters and buffers, compared at redone steps: every ``K`` steps (an integer),
+    ``off``, or ``auto``: as often as costs under 1 % of the steps it covers
+    (:mod:`recovery.run.monitoring.fingerprint`)."""
 
     def __post_init__(self) -> None:
         key = "checkpoint.resume_check"
@@ -132,6 +161,7 @@ class ResumeCheckConfig:
                 f"{key}.rtol/atol: must be >= 0, got {self.rtol}, {self.atol}; set e.g. "
                 f"{key}.rtol=0 {key}.atol=0"
             )
+        fingerprint_every(self.fingerprint)
         if not all(isinstance(k, str) for k in self.ignore):
             raise refuse(
                 f"{key}.ignore", f"expected a list of field names, got {self.ignore!r}", "[time,dt]"

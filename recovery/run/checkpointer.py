@@ -70,7 +70,7 @@ class Checkpointer:
             only) and uninstalled by :meth:`close`; ``False``: no signals are caught.
         health: the resume health monitor's settings (default
             :class:`~recovery.config.HealthConfig`), used when the state registers no
-            ``health`` of its own (:mod:`recovery.run.watch`); ``False``: none.
+            ``health`` of its own (:mod:`recovery.run.monitoring.watch`); ``False``: none.
         world: this process's rank and the job's size (``torchrun``); every rank
             runs a checkpointer, rank 0 alone commits (:mod:`recovery.parallel.multirank`).
         seed: the run's seed, from which a resume on another world size reseeds.

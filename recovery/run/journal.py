@@ -8,7 +8,7 @@ order, and :func:`effective_steps` reads it as "the last record of each step
 wins", which is the history of the run that survived.
 
 A watcher (:meth:`Journal.watch`; the checkpointer's
-:class:`~recovery.run.watch.Watch`) sees every per-step record (one with ``step``
+:class:`~recovery.run.monitoring.watch.Watch`) sees every per-step record (one with ``step``
 and no ``event``): it may add fields before the record is written (``lr``,
 ``update``) and observes it after (the resume health monitor), so any loop that
 writes its per-step record here is monitored. An observer (:meth:`Journal.tap`; the

@@ -24,7 +24,7 @@ Guarded here:
 
 A scheduler stepped after the save (an epoch-end ``scheduler.step()`` after
 ``maybe_save``) can only be seen while the run trains:
-:mod:`recovery.run.watch`.
+:mod:`recovery.run.monitoring.watch`.
 """
 
 from __future__ import annotations

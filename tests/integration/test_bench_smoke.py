@@ -111,3 +111,10 @@ def test_the_resume_self_check_cost_is_measured(tmp_path):
     assert [r["steps"] for r in result["journal"]] == [500, 1000]
     assert all(0 < r["keep_s"] < r["read_s"] for r in result["journal"])
     assert result["write_checked_us"] > 0 and result["write_us"] > 0
+
+
+def test_the_fingerprint_cost_is_measured_against_a_step(tmp_path):
+    result = run("bench_fingerprint.py", "--size-gb", "0.125", "--runs", "1", tmp_path=tmp_path)
+    assert [r["model"] for r in result][:2] == ["embedding recipe", "classifier recipe"]
+    assert all(r["fingerprint_s"] > 0 and r["step_s"] > 0 for r in result)
+    assert all(r["auto_every"] is None or r["auto_every"] >= 1 for r in result)

@@ -183,3 +183,30 @@ def test_each_resumes_verdict_is_signed_shown_by_verify_and_audit_and_cannot_be_
         assert "signature" in capsys.readouterr().err, name
         (final / SIGNATURE_FILE).write_bytes(saved)
     assert cli.main(["verify", str(final), "--allow-untrusted"]) == 0
+
+
+BN_LOOP = ROOT / "tests" / "fixtures" / "bn_loop.py"
+
+
+@pytest.mark.parametrize("gate", ["enumerate", "step"])
+def test_module_state_that_moved_at_other_steps_is_caught_by_the_fingerprint(tmp_path, gate):
+    """dcgan's shape: a periodic train-mode forward pass gated on enumerate()'s i, which
+    restarts at 0 after a mid-epoch resume, moves BatchNorm's running statistics at other
+    steps; every loss still matches, the fingerprint's ``buffers`` do not (default
+    ``fingerprint=auto``). Gated on the step, the same loop resumes exactly."""
+    run_dir = tmp_path / "run"
+    code, out = run(BN_LOOP, run_dir, "--gate", gate, pause_at="step-16")
+    assert code == -signal.SIGKILL, out
+    code, out = run(BN_LOOP, run_dir, "--gate", gate)
+    assert code == 0, out
+    if gate == "step":
+        assert "resume check: 1 redone steps bit-identical" in out, out
+        return
+    assert "WARNING INEXACT RESUME at step 16 (resumed from step 15): buffers was" in out, out
+    assert "BatchNorm's running statistics" in out  # the likely cause, named
+    (first,) = [c["first"] for c in checks(run_dir) if c.get("first") and not c.get("summary")]
+    assert first["field"] == "buffers" and first["step"] == 16
+    records = [r for r in read(run_dir / METRICS_FILE) if r.get("step") == 16 and "event" not in r]
+    died, redone = records  # step 16 as the dead run and the resumed one journaled it
+    assert died["loss"] == redone["loss"] and died["parameters"] == redone["parameters"]
+    assert died["buffers"] != redone["buffers"]

@@ -10,8 +10,8 @@ import pytest
 import torch
 
 from recovery import CheckpointConfig, Checkpointer, LoopState, TrainState
-from recovery.run import loaderstarts
 from recovery.run.journal import read
+from recovery.run.monitoring import loaderstarts
 from recovery.state.guards import LOADER_AFTER_SAVE, SAVE_BEFORE_STEP
 
 ABSENT = {"scheduler": "constant lr", "sampler": "torch.randn batches"}

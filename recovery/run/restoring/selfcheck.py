@@ -50,6 +50,8 @@ before it redid any step it could compare; not compared, by design (a resume ont
 world size reseeds the RNG streams)."""
 BATCH = "batch"
 NOT_COMPARED = frozenset({"step", "event"})
+MODULES = ("parameters", "buffers")
+"""The fingerprint fields (:mod:`recovery.run.monitoring.fingerprint`): compared last."""
 FIRST = (BATCH, "loss")
 """Compared first, in this order: a data-order mistake is named as such."""
 
@@ -72,6 +74,14 @@ CAUSES_STATE = (
     "kernels (set checkpoint.resume_check.rtol/atol)"
 )
 
+CAUSES_MODULES = (
+    "the module state differs though the per-step numbers before it matched: work outside "
+    "the optimizer step changed parameters or buffers at other steps than in the run that "
+    "died (a forward pass in train mode moves BatchNorm's running statistics; a batch "
+    "counter from enumerate() restarts at 0 after a resume: count from the step or "
+    "loader.batch_index), or a module the loop changes is not registered"
+)
+
 
 @dataclass(frozen=True)
 class Difference:
@@ -87,7 +97,8 @@ class Difference:
     def describe(self, resumed_at: int, drift: Sequence[str] = ()) -> str:
         """The one-line warning; ``drift``: what this resume reported as changed since the
         checkpoint (its DRIFT lines), named as the likely cause before the loop is."""
-        causes = {BATCH: CAUSES_DATA, "lr": CAUSES_LR}.get(self.field, CAUSES_STATE)
+        by_field = {BATCH: CAUSES_DATA, "lr": CAUSES_LR, **dict.fromkeys(MODULES, CAUSES_MODULES)}
+        causes = by_field.get(self.field, CAUSES_STATE)
         if drift:
             shown = "; ".join(drift[:3]) + ("; ..." if len(drift) > 3 else "")
             causes = f"what changed since the checkpoint (DRIFT: {shown}). Otherwise: {causes}"
@@ -145,10 +156,12 @@ def compare(
     ignore: frozenset[str] = frozenset(),
 ) -> tuple[str, Any, Any] | None:
     """The first field both records hold that differs: ``(field, expected, found)``, or
-    ``None``. ``batch`` and ``loss`` first, then the rest by name; ``step``, events and
+    ``None``. ``batch`` and ``loss`` first, then the rest by name, the modules'
+    fingerprints last; ``step``, events and
     ``ignore`` are not compared, and a field only one side recorded is not either."""
     shared = set(expected) & set(found) - NOT_COMPARED - ignore
-    order = [k for k in FIRST if k in shared] + sorted(shared - set(FIRST))
+    last = [k for k in MODULES if k in shared]  # what the numbers before it do not explain
+    order = [k for k in FIRST if k in shared] + sorted(shared - {*FIRST, *MODULES}) + last
     for key in order:
         if not same(expected[key], found[key], rtol=rtol, atol=atol):
             return key, expected[key], found[key]

@@ -6,7 +6,7 @@ checkpoint, verify and load it; or a new run), :mod:`~recovery.run.restoring.bra
 (a resume from an older step moves the newer ones aside) and
 :mod:`~recovery.run.restoring.selfcheck` (the steps a resume redoes compared with the
 journal). :class:`Restorer` sequences them for one run and holds what a begun run
-keeps until it ends: the writer's lock, the watch (:mod:`recovery.run.watch`) and the
+keeps until it ends: the writer's lock, the watch (:mod:`recovery.run.monitoring.watch`) and the
 self-check.
 """
 
@@ -29,12 +29,13 @@ from recovery.parallel.world import World
 from recovery.provenance import purpose
 from recovery.provenance.purpose import PurposeSpec
 from recovery.run.journal import Journal
+from recovery.run.monitoring import fingerprint
+from recovery.run.monitoring.watch import Watch
 from recovery.run.restoring import begin, branches, choose, rundir, selfcheck
 from recovery.run.scheduling.preemption import PreemptionGuard
 from recovery.run.status import RunStatus, Trust
 from recovery.run.tiers import rules
 from recovery.run.tiers.snapshots import LocalTier
-from recovery.run.watch import Watch
 from recovery.run.writing.differential import Differential
 from recovery.state.health import UPDATE
 from recovery.state.registry import MODEL, TrainState
@@ -133,7 +134,12 @@ class Restorer:
         self._lock = rundir.prepare(self.run_dir, self.world, self.journal_path, self.trust.events)
         try:
             if self.watch is None:  # registers the health monitor before anything loads
-                self.watch = Watch(state, self.journal, health=self.health)
+                self.watch = Watch(
+                    state,
+                    self.journal,
+                    health=self.health,
+                    fingerprint=self.cfg.resume_check.fingerprint,
+                )
             if self.local is not None:
                 self.local.prepare()
             step = self._begin(state, resume_spec, init_from)
@@ -280,8 +286,9 @@ class Restorer:
             self._not_compared(step, selfcheck.REPLACED)
             return
         if self.world.rank and sharded.is_sharded(state.components.get(MODEL)):
-            # the journal's update sizes are rank 0's shard's: another rank's differ
-            check = dataclasses.replace(check, ignore=[*check.ignore, UPDATE])
+            # the journal's update sizes and fingerprints are rank 0's shard's: another
+            # rank's differ
+            check = dataclasses.replace(check, ignore=[*check.ignore, UPDATE, *fingerprint.FIELDS])
         self._check = selfcheck.ResumeCheck(
             recorded,
             resumed_at=step,
@@ -294,8 +301,11 @@ class Restorer:
         if self._check.done:  # the dead process journaled no step after the checkpoint
             self._check = None
             self._not_compared(step, selfcheck.nothing_redone(step, self.final_step))
-        else:
-            self.journal.watch(self._check)
+            return
+        self.journal.watch(self._check)
+        if self.watch is not None:  # the redone steps the dead process fingerprinted, again
+            marked = (s for s, r in recorded.items() if s > step and fingerprint.PARAMETERS in r)
+            self.watch.fingerprints.also(marked)
 
     def _not_compared(self, step: int, reason: str) -> None:
         """Journal and sign a resume that is not compared, and why."""

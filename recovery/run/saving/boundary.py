@@ -25,13 +25,13 @@ from recovery.parallel import world as distributed
 from recovery.provenance import purpose
 from recovery.provenance.purpose import PurposeSpec
 from recovery.run.journal import Journal
+from recovery.run.monitoring.watch import Watch
 from recovery.run.saving import retention
 from recovery.run.scheduling import cadence as cadence_mod
 from recovery.run.scheduling.cadence import Cadence
 from recovery.run.scheduling.preemption import PreemptionGuard, agreed
 from recovery.run.status import RunStatus
 from recovery.run.tiers.snapshots import LocalTier
-from recovery.run.watch import Watch
 from recovery.run.writing import job as job_mod
 from recovery.run.writing import strategies
 from recovery.run.writing.differential import Differential, Plan

@@ -34,7 +34,7 @@ calling anything:
   the steps whose gradients overflowed).
 - **A loader on the global stream after a save.** A ``DataLoader`` without
   ``generator=`` that starts an iterator after a checkpoint was taken and before the
-  next optimizer step (:mod:`recovery.run.loaderstarts`) drew its seed from the global
+  next optimizer step (:mod:`recovery.run.monitoring.loaderstarts`) drew its seed from the global
   torch generator in code a resumed run may not run again (an epoch's test pass after
   its last save). Warned once (``loader_after_save``).
 - **The model left in eval mode.** A ``metrics`` callable (an evaluation pass,
@@ -54,10 +54,12 @@ import torch
 from torch.optim.lr_scheduler import LRScheduler
 
 from recovery.config import HealthConfig
+from recovery.config.checkpoint import FINGERPRINT_AUTO
 from recovery.parallel import sharded
 from recovery.parallel import world as distributed
-from recovery.run import loaderstarts
 from recovery.run.journal import Journal
+from recovery.run.monitoring import loaderstarts
+from recovery.run.monitoring.fingerprint import Fingerprints
 from recovery.state.guards import (
     EVAL_MODE,
     LOADER_AFTER_SAVE,
@@ -92,11 +94,21 @@ class Watch:
             ``health`` is enabled and the state has none.
         journal: the run's journal: per-step records are observed, events written.
         health: the monitor's settings (``None``, or ``enabled=False``: no monitor).
+        fingerprint: ``checkpoint.resume_check.fingerprint``.
     """
 
-    def __init__(self, state: TrainState, journal: Journal, *, health: HealthConfig | None) -> None:
+    def __init__(
+        self,
+        state: TrainState,
+        journal: Journal,
+        *,
+        health: HealthConfig | None,
+        fingerprint: str = FINGERPRINT_AUTO,
+    ) -> None:
         self.state = state
         self.journal = journal
+        self.fingerprints = Fingerprints(state, fingerprint)
+        """Which per-step records carry the modules' fingerprint (:mod:`.fingerprint`)."""
         self.monitor: HealthMonitor | None = None
         self.probe: UpdateProbe | None = None
         optimizers = [o for o in state.components.values() if isinstance(o, torch.optim.Optimizer)]
@@ -257,13 +269,16 @@ class Watch:
 
     def annotate(self, record: dict[str, Any]) -> dict[str, Any]:
         """Fields to add to a per-step record: the last optimizer step's ``lr`` and ``update``
-        (with the health monitor), and ``batch``: the digest of the example ids the
-        registered data position handed out since the previous record."""
+        (with the health monitor), ``batch``: the digest of the example ids the
+        registered data position handed out since the previous record, and when due the
+        modules' fingerprint (``parameters``, ``buffers``)."""
         measured, self._measured = self._measured, {}
         out = measured if self.monitor is not None else {}
         take = getattr(self.state.components.get(SAMPLER), "take_drawn", None)
         drawn = take() if callable(take) else None
-        return {**out, "batch": drawn} if drawn is not None else out
+        if drawn is not None:
+            out = {**out, "batch": drawn}
+        return {**out, **self.fingerprints.fields(int(record["step"]))}
 
     def observed(self, record: dict[str, Any]) -> None:
         """Feed a written per-step record to the monitor; report a verdict it returns."""

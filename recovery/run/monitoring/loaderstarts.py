@@ -8,7 +8,7 @@ natural place of an epoch's test pass: after the epoch's loop, after its last
 ``maybe_save``), moves the global stream in code a run resumed from that checkpoint
 does not run again: from there the resumed run trains other random numbers.
 Only the watch can tell when that window is open
-(:meth:`recovery.run.watch.Watch.saved` until the next optimizer step), so this
+(:meth:`recovery.run.monitoring.watch.Watch.saved` until the next optimizer step), so this
 module only reports each start to the callbacks registered here.
 
 How: ``DataLoader.__iter__`` is wrapped while at least one callback is registered,
