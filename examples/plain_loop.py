@@ -40,6 +40,7 @@ def main() -> None:
     p.add_argument("--every", type=int, default=10, help="checkpoint every this many steps")
     p.add_argument("--accum", type=int, default=2, help="micro-batches per optimizer step")
     p.add_argument("--workers", type=int, default=2)
+    p.add_argument("--persistent", action="store_true", help="keep the workers for the run")
     p.add_argument("--amp", action="store_true", help="bfloat16 autocast and a GradScaler")
     args = p.parse_args()
 
@@ -48,7 +49,9 @@ def main() -> None:
     opt = torch.optim.AdamW(model.parameters(), lr=3e-3)
     sched = torch.optim.lr_scheduler.OneCycleLR(opt, max_lr=3e-3, total_steps=args.steps)
     scaler = torch.amp.GradScaler("cpu", enabled=args.amp)
-    loader = ResumableLoader(Points(), 16, seed=0, num_workers=args.workers)
+    loader = ResumableLoader(
+        Points(), 16, seed=0, num_workers=args.workers, persistent_workers=args.persistent
+    )
     state = TrainState(model=model, optimizer=opt, scheduler=sched, sampler=loader, scaler=scaler)
     config = CheckpointConfig(every_steps=args.every)
     with Checkpointer(config, args.run_dir, final_step=args.steps) as ckpt:

@@ -87,6 +87,23 @@ class _Keyed(Dataset[Any]):
                 random.setstate(saved[2])
 
 
+class _RestOfEpoch:
+    """A ``DataLoader``'s batch sampler: at each pass's start, the keys ``(epoch, index)``
+    of the batches left in the current epoch (prefetching workers never move the
+    position: the loop's taking a batch does)."""
+
+    def __init__(self, sampler: ResumableSampler) -> None:
+        self.sampler = sampler
+
+    def __iter__(self) -> Iterator[list[tuple[int, int]]]:
+        epoch = self.sampler.epoch
+        batches = [[(epoch, int(i)) for i in ids] for ids in self.sampler.rest_of_epoch()]
+        return iter(batches)
+
+    def __len__(self) -> int:
+        return len(self.sampler.rest_of_epoch())
+
+
 class ResumableLoader:
     """Iterates like a ``DataLoader`` over a map-style dataset; its position is saved state.
 
@@ -107,9 +124,11 @@ class ResumableLoader:
             ``collate_fn``, ``pin_memory``, ``worker_init_fn``, ``timeout``, ...);
             the order's own arguments (``sampler``, ``shuffle``, ...) are refused.
 
-    Workers start once per pass (each epoch, and once at a resume);
-    ``persistent_workers`` is refused because each pass hands the loader a new
-    list of batches.
+    Workers start once per pass (each epoch, and once at a resume), or once for the
+    run with ``persistent_workers=True`` (one ``DataLoader`` for every pass, its
+    batch sampler handing out the rest of the current epoch at each pass's start).
+    The batches are the same either way: each example's augmentation is seeded from
+    its key, not from the worker that loads it.
     """
 
     def __init__(
@@ -129,7 +148,7 @@ class ResumableLoader:
                 "(__getitem__ and __len__); for an iterable dataset use torchdata's "
                 "StatefulDataLoader, registered as it is"
             )
-        bad = sorted(set(loader_kwargs) & {*RESERVED, "persistent_workers"})
+        bad = sorted(set(loader_kwargs) & set(RESERVED))
         if bad:
             raise ConfigError(
                 f"ResumableLoader: {', '.join(bad)} cannot be passed: the resumable "
@@ -141,6 +160,8 @@ class ResumableLoader:
         )
         self.keyed_rng = keyed_rng
         self.loader_kwargs = loader_kwargs
+        self._persistent: DataLoader[Any] | None = None
+        """The one ``DataLoader`` of every pass, with ``persistent_workers=True``."""
         self.last_ids: list[int] = []
         """The dataset indices of the batch last handed out (to journal them, say)."""
 
@@ -155,8 +176,7 @@ class ResumableLoader:
 
         Raises:
             ConfigError: an iterable dataset, a custom sampler or batch sampler, or
-                sampling with replacement: orders this class cannot reproduce;
-                ``persistent_workers=True``, which it cannot keep (refused, not dropped).
+                sampling with replacement: orders this class cannot reproduce.
         """
         sampler = loader.sampler
         if (
@@ -171,13 +191,6 @@ class ResumableLoader:
                 f"ResumableLoader.from_loader: a DataLoader with {type(sampler).__name__} "
                 "cannot be resumed exactly here (supported: batch_size= with shuffle=True "
                 "or False over a map-style dataset); use torchdata's StatefulDataLoader"
-            )
-        if loader.persistent_workers:
-            raise ConfigError(
-                "ResumableLoader.from_loader: the DataLoader has persistent_workers=True, "
-                "which a resumable loader cannot keep (each pass hands its DataLoader a new "
-                "list of batches; workers start once per epoch); pass "
-                "persistent_workers=False, or use torchdata's StatefulDataLoader"
             )
         generator = loader.generator or getattr(sampler, "generator", None)
         if seed is None and generator is None:
@@ -199,6 +212,7 @@ class ResumableLoader:
         }
         if loader.num_workers > 0:
             kwargs["prefetch_factor"] = loader.prefetch_factor
+            kwargs["persistent_workers"] = loader.persistent_workers
         return cls(
             loader.dataset,
             loader.batch_size,
@@ -219,20 +233,29 @@ class ResumableLoader:
         return n // b if self.sampler.drop_last else -(-n // b)
 
     def __iter__(self) -> Iterator[Any]:
-        epoch = self.sampler.epoch
-        batches = [[(epoch, int(i)) for i in ids] for ids in self.sampler.rest_of_epoch()]
-        loader: DataLoader[Any] = DataLoader(
+        loader = self._persistent or DataLoader(
             _Keyed(self.dataset, self.sampler.seed, self.keyed_rng),
-            batch_sampler=batches,
+            batch_sampler=_RestOfEpoch(self.sampler),
             # starting a loader draws its workers' base seed: from this generator, never
             # the global one, or each resume would shift the training step's RNG stream
             generator=torch.Generator().manual_seed(self.sampler.seed),
             **self.loader_kwargs,
         )
+        if self.loader_kwargs.get("persistent_workers"):
+            self._persistent = loader  # its workers stay up; each pass resets its batches
         for batch in loader:
             _, ids = self.sampler.next_batch()  # the position moves as the loop takes a batch
             self.last_ids = [int(i) for i in ids]
             yield batch
+
+    @property
+    def batch_index(self) -> int:
+        """The index in its epoch of the batch last handed out, from 0 (-1: none yet).
+
+        What ``for i, batch in enumerate(loader)`` means by ``i`` in a run never
+        interrupted, but the same after a resume, where ``enumerate`` restarts at 0 in
+        the middle of an epoch: gate periodic work on this (or on the step)."""
+        return self.sampler.batch_index
 
     @property
     def epoch_ended(self) -> bool:

@@ -75,6 +75,9 @@ class ResumableSampler:
         self.shuffle = shuffle
         self.epoch = 0
         self.offset = 0
+        self.batch_index = -1
+        """The index in its epoch of the batch last handed out, from 0 (-1: none yet): the
+        same after a resume, where a loop's own ``enumerate`` restarts at 0."""
         self._order: np.ndarray | None = None
         self._order_epoch = -1
         self._drawn: Any = None  # sha256 of the ids drawn since take_drawn()
@@ -103,6 +106,7 @@ class ResumableSampler:
         epoch = self.epoch
         end = min(self.offset + self.batch_size, self._epoch_end())
         ids = self.order(epoch)[self.offset : end].copy()
+        self.batch_index = self.offset // self.batch_size
         self.offset = end
         self.epoch_ended = self.offset >= self._epoch_end()
         if self.epoch_ended:

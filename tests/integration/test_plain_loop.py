@@ -67,8 +67,9 @@ def final_tensors(run_dir: Path, step: int) -> dict[str, torch.Tensor]:
             ("--amp", "--steps", "24", "--accum", "3", "--workers", "1"),
             ["commit-before-manifest-20"],
         ),
+        (("--persistent", "--steps", "40"), ["step-21", "commit-write-30"]),
     ],
-    ids=["workers-accumulation", "amp"],
+    ids=["workers-accumulation", "amp", "persistent-workers"],
 )
 def test_killed_and_rerun_it_trains_the_uninterrupted_run_bit_for_bit(
     tmp_path: Path, args: tuple[str, ...], kills: list[str]

@@ -92,10 +92,37 @@ def test_from_loader_keeps_a_dataloaders_settings_and_seed() -> None:
     assert not ResumableLoader.from_loader(DataLoader(Noisy(), batch_size=4)).sampler.shuffle
 
 
-def test_from_loader_refuses_persistent_workers_rather_than_dropping_them() -> None:
+def test_persistent_workers_are_kept_and_give_the_same_batches_across_epochs_and_a_resume():
+    """One DataLoader, its two workers up for the whole run: each pass (the epoch's rest
+    after a resume, a whole epoch after its end, a pass broken off mid-epoch) hands it
+    the batches left, and every batch equals the inline loader's, bit for bit."""
+    ref = take(ResumableLoader(Noisy(), 4, seed=3, num_workers=0), 14)
+    kept = ResumableLoader(Noisy(), 4, seed=3, num_workers=2, persistent_workers=True)
+    first = take(kept, 7)  # into the second epoch (6 batches an epoch, the last short)
+    assert kept._persistent is not None and kept._persistent.persistent_workers
+    workers = kept._persistent
+    resumed = ResumableLoader(Noisy(), 4, seed=3, num_workers=2, persistent_workers=True)
+    resumed.load_state_dict(kept.state_dict())
+    rest = take(resumed, 7)
+    assert all(torch.equal(a, b) for a, b in zip(ref, first + rest, strict=True))
+    assert take(kept, 2) and kept._persistent is workers  # the same loader, pass after pass
     plain = DataLoader(Noisy(), batch_size=4, num_workers=1, persistent_workers=True)
-    with pytest.raises(ConfigError, match="persistent_workers=True, which a resumable loader"):
-        ResumableLoader.from_loader(plain)
+    assert ResumableLoader.from_loader(plain, seed=0).loader_kwargs["persistent_workers"]
+
+
+def test_batch_index_is_the_batch_s_place_in_its_epoch_across_a_resume():
+    loader = ResumableLoader(Noisy(), 4, seed=0)
+    assert loader.batch_index == -1
+    seen = []
+    for _ in range(7):
+        next(iter(loader))
+        seen.append(loader.batch_index)
+    resumed = ResumableLoader(Noisy(), 4, seed=0)
+    resumed.load_state_dict(loader.state_dict())
+    for _ in range(4):
+        next(iter(resumed))
+        seen.append(resumed.batch_index)
+    assert seen == [0, 1, 2, 3, 4, 5, 0, 1, 2, 3, 4]  # 6 batches an epoch, the last short
 
 
 def test_from_loader_without_a_generator_warns(caplog: pytest.LogCaptureFixture) -> None:
@@ -114,12 +141,11 @@ class Stream(IterableDataset[int]):
     [
         lambda: ResumableLoader(Stream(), 2, seed=0),
         lambda: ResumableLoader(Noisy(), 2, seed=0, shuffle=True, sampler=None),
-        lambda: ResumableLoader(Noisy(), 2, seed=0, persistent_workers=True),
         lambda: ResumableLoader.from_loader(
             DataLoader(Noisy(), batch_size=2, sampler=WeightedRandomSampler([1.0] * 21, 21))
         ),
     ],
-    ids=["iterable", "reserved", "persistent", "custom-sampler"],
+    ids=["iterable", "reserved", "custom-sampler"],
 )
 def test_orders_it_cannot_reproduce_are_refused(build: Any) -> None:
     with pytest.raises(ConfigError, match="ResumableLoader"):
