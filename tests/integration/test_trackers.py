@@ -3,6 +3,7 @@
 
 from __future__ import annotations
 
+import contextlib
 import json
 import os
 import socket
@@ -187,3 +188,123 @@ def test_killed_and_resumed_run_is_one_mlflow_run_and_one_tensorboard_series(
     }
     assert {"model.sig", "state.json", "model.safetensors"} <= files
     assert len(client.search_runs([experiment.experiment_id])) == 1
+
+
+class Proxy:
+    """A TCP proxy on 127.0.0.1 in front of the tracking server: ``delay`` seconds before
+    each request is forwarded (a slow server), ``down()`` closes it and every connection
+    (a dead one), ``up()`` listens again on the same port (back)."""
+
+    def __init__(self, target: str, delay: float = 0.0) -> None:
+        host, port = target.rsplit("//", 1)[1].split(":")
+        self.target = (host, int(port))
+        self.delay = delay
+        self.port = free_port()
+        self.uri = f"http://127.0.0.1:{self.port}"
+        self.listener: socket.socket | None = None
+        self.open: list[socket.socket] = []
+        self.up()
+
+    def up(self) -> None:
+        import threading
+
+        self.listener = socket.create_server(("127.0.0.1", self.port), reuse_port=False)
+        threading.Thread(target=self._accept, args=(self.listener,), daemon=True).start()
+
+    def down(self) -> None:
+        assert self.listener is not None
+        self.listener.close()
+        for s in self.open:
+            with contextlib.suppress(OSError):
+                s.close()
+        self.open.clear()
+
+    def _accept(self, listener: socket.socket) -> None:
+        import threading
+
+        while True:
+            try:
+                client, _ = listener.accept()
+            except OSError:
+                return
+            server = socket.create_connection(self.target)
+            self.open += [client, server]
+            threading.Thread(target=self._pipe, args=(client, server, True), daemon=True).start()
+            threading.Thread(target=self._pipe, args=(server, client, False), daemon=True).start()
+
+    def _pipe(self, src: socket.socket, dst: socket.socket, slow: bool) -> None:
+        try:
+            while data := src.recv(65536):
+                if slow:
+                    time.sleep(self.delay)
+                dst.sendall(data)
+        except OSError:
+            pass
+        finally:
+            for s in (src, dst):
+                with contextlib.suppress(OSError):
+                    s.close()
+
+
+def tracked_run(tmp_path: Path, uri: str, *, experiment: str, timeout: str = "60s"):
+    from recovery.run import trackers
+    from recovery.run.journal import Journal
+    from recovery.run.trackers import MlflowConfig, TrackersConfig
+
+    cfg = TrackersConfig(
+        mlflow=MlflowConfig(
+            enabled=True, tracking_uri=uri, experiment=experiment, close_timeout=timeout
+        )
+    )
+    journal = Journal(tmp_path / "r" / METRICS_FILE)
+    assert len(trackers.attach(journal, cfg, run_dir=tmp_path / "r")) == 1
+    return journal
+
+
+def logged_losses(uri: str, experiment: str) -> list[int]:
+    from mlflow.tracking import MlflowClient
+
+    client = MlflowClient(uri)
+    (run,) = client.search_runs([client.get_experiment_by_name(experiment).experiment_id])
+    return sorted(m.step for m in client.get_metric_history(run.info.run_id, "loss"))
+
+
+def test_a_slow_tracking_server_never_stalls_a_step(mlflow_server, tmp_path, monkeypatch, caplog):
+    monkeypatch.setenv("MLFLOW_HTTP_REQUEST_MAX_RETRIES", "0")
+    proxy = Proxy(mlflow_server, delay=0.5)  # each request half a second late
+    journal = tracked_run(tmp_path, proxy.uri, experiment="slow")
+    began = time.perf_counter()
+    journal.write({"event": "start", "run_id": "slow"})  # the MLflow run made off-thread
+    for step in range(1, 51):
+        journal.step(step, loss=1.0 / step)
+    training_s = time.perf_counter() - began
+    journal.close()  # the sender gets close_timeout to finish
+    assert training_s < 1.0, training_s  # 50 steps, where one request alone takes 0.5 s
+    assert logged_losses(mlflow_server, "slow") == list(range(1, 51))
+    assert "tracking failed" not in caplog.text
+    proxy.down()
+
+
+def test_a_tracking_server_down_mid_run_and_back_loses_nothing_the_queue_holds(
+    mlflow_server, tmp_path, monkeypatch, caplog
+):
+    monkeypatch.setenv("MLFLOW_HTTP_REQUEST_MAX_RETRIES", "0")
+    monkeypatch.setenv("MLFLOW_HTTP_REQUEST_TIMEOUT", "5")
+    proxy = Proxy(mlflow_server)
+    journal = tracked_run(tmp_path, proxy.uri, experiment="down-and-back")
+    journal.write({"event": "start", "run_id": "down"})
+    for step in range(1, 11):
+        journal.step(step, loss=1.0 / step)
+    time.sleep(3)  # the first steps sent (flushed every 2 s)
+    proxy.down()  # the server is gone: the run goes on, its records wait in the queue
+    began = time.perf_counter()
+    for step in range(11, 31):
+        journal.step(step, loss=1.0 / step)
+        journal.write({"event": "checkpoint", "step": step, "pause_s": 0.01, "bytes": 10})
+    assert time.perf_counter() - began < 1.0
+    time.sleep(3)  # the sender meets the dead server, says so once, and retries
+    proxy.up()
+    journal.close()
+    assert logged_losses(mlflow_server, "down-and-back") == list(range(1, 31))
+    retried = [r for r in caplog.records if "did not take a request" in r.getMessage()]
+    assert len(retried) == 1 and "tracking failed" not in caplog.text

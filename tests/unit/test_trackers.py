@@ -89,7 +89,7 @@ def test_a_dead_tracking_server_costs_one_warning_and_never_the_run(tmp_path, mo
     with socket_closed() as port:
         cfg = TrackersConfig(
             mlflow=MlflowConfig(
-                enabled=True, tracking_uri=f"http://127.0.0.1:{port}", close_timeout="10s"
+                enabled=True, tracking_uri=f"http://127.0.0.1:{port}", close_timeout="2s"
             )
         )
         run = tmp_path / "r"

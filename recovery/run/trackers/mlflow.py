@@ -1,10 +1,14 @@
 """An MLflow run of a training run: one across its resumes, fed from the run's journal.
 
-The training thread creates or continues the MLflow run when the run starts or
-resumes (a few requests, so its id is in the journal before the first step) and
-then only queues records; a background thread sends them
-(:class:`mlflow.tracking.MlflowClient`, never the fluent API's global active run),
-so a slow or dead server never stalls a step. What is logged:
+The training thread only queues the journal's records (a bounded queue,
+:data:`QUEUE`); a background thread creates or continues the MLflow run and sends
+them (:class:`mlflow.tracking.MlflowClient`, never the fluent API's global active
+run), so a slow or dead server never stalls a step, nor the run's start. A request
+that fails is retried (every few seconds, one warning) while the records behind it
+wait in the queue; a full queue drops what comes next from the live view, once said
+(``metrics.jsonl`` keeps every record, and a resume backfills its steps); at the
+run's end the sender gets ``trackers.mlflow.close_timeout`` to finish. What is
+logged:
 
 - each per-step record's numbers (``loss``, ``lr``, ``epoch``, ``update``) as metrics
   at their ``step``, in batches;
@@ -30,6 +34,7 @@ export a model version of the registered model.
 
 from __future__ import annotations
 
+import contextlib
 import logging
 import os
 import queue
@@ -53,9 +58,13 @@ BATCH = 900
 """Metrics per request (the server takes up to 1000)."""
 FLUSH_S = 2.0
 """At most this long between a step's record and its request."""
+QUEUE = 10_000
+"""Records held for a slow or unreachable server before the live view drops any."""
+RETRY_S = (1.0, 2.0, 5.0, 10.0, 30.0)
+"""Waits between the tries of a failed request (the last repeats)."""
 _STOP = object()
-BACKFILL = "mlflow_backfill"
-"""The queue's own item: send the journal's steps up to ``step`` the MLflow run lacks."""
+_ABSORBED = "_mlflow_absorbed"
+"""Marks a record whose numbers are already in the pending batch (a retry adds none)."""
 
 # a dead server must fail fast, not retry for minutes, and the library prints nothing
 # (MLflow prints the run's address when it ends); the user's environment wins
@@ -111,9 +120,14 @@ class MlflowTracker(Tracker):
         self.run_name = run_name
         self.mlflow_run_id: str | None = None
         self.status = "FAILED"
-        self._queue: queue.Queue[Any] = queue.Queue()
+        self.dropped = 0
+        """Records the full queue dropped from the live view."""
+        self._queue: queue.Queue[Any] = queue.Queue(maxsize=QUEUE)
         self._pending: list[Any] = []
         self._client: Any = None
+        self._deadline: float | None = None
+        """When the run's end stops waiting for the sender (``close_timeout`` after it)."""
+        self._wake = threading.Event()
         self._thread = threading.Thread(target=self._loop, name="mlflow-tracker", daemon=True)
         self._thread.start()
 
@@ -123,23 +137,33 @@ class MlflowTracker(Tracker):
             self.status = "KILLED"
         elif event == "run_summary" and self.status != "KILLED":
             self.status = "FINISHED"
-        # the run is created or continued here, so its id is journaled before the first
-        # step; the rest goes through the queue
-        if event in ("start", "warm_start"):
-            self._create(str(record.get("run_id")))
-        elif event == "resume":
-            self._resume(record)
-        elif event != EVENT:
-            self._queue.put(dict(record))
+        if event == EVENT or self.failed:
+            return
+        try:  # never waits: a step goes on whatever the server does
+            self._queue.put_nowait(dict(record))
+        except queue.Full:
+            if not self.dropped:
+                log.warning(
+                    "MLflow: %d records wait for the tracking server; the live view drops "
+                    "records from here (metrics.jsonl keeps every one, and a resume "
+                    "backfills its steps)",
+                    QUEUE,
+                )
+            self.dropped += 1
 
     def finish(self) -> None:
-        self._queue.put(_STOP)
-        self._thread.join(parse_duration(self.cfg.close_timeout))
+        timeout = parse_duration(self.cfg.close_timeout)
+        self._deadline = time.monotonic() + timeout  # a retry waits no longer than this
+        with contextlib.suppress(queue.Full):
+            self._queue.put(_STOP, timeout=timeout)
+        self._wake.set()  # a retry waiting its turn tries once more now
+        self._thread.join(max(0.0, self._deadline - time.monotonic()))
         if self._thread.is_alive():
-            log.warning(
-                "MLflow: records not sent within trackers.mlflow.close_timeout (%s); the "
-                "journal keeps them and a resume backfills its steps",
-                self.cfg.close_timeout,
+            self.fail(
+                TimeoutError(
+                    f"records not sent within trackers.mlflow.close_timeout "
+                    f"({self.cfg.close_timeout}); a resume backfills its steps"
+                )
             )
 
     # -- the background thread ----------------------------------------------------
@@ -154,18 +178,40 @@ class MlflowTracker(Tracker):
                 if item is _STOP:
                     return
                 continue
+            if item is _STOP:
+                self._retrying(self._end)
+                return
+            self._retrying(self._flush if item is None else lambda item=item: self._process(item))
+
+    def _end(self) -> None:
+        self._flush()
+        if self.mlflow_run_id is not None:
+            self._c().set_terminated(self.mlflow_run_id, self.status)
+
+    def _retrying(self, send: Any) -> None:
+        """``send()`` until it succeeds; a failure is said once, and retried after a wait,
+        while the records behind it wait in the queue; past the run's end's deadline the
+        tracker is turned off (:meth:`~recovery.run.trackers.base.Tracker.fail`)."""
+        for attempt in range(1 << 30):
             try:
-                if item is None:
-                    self._flush()
-                elif item is _STOP:
-                    self._flush()
-                    if self.mlflow_run_id is not None:
-                        self._c().set_terminated(self.mlflow_run_id, self.status)
-                    return
-                else:
-                    self._process(item)
+                send()
+                return
             except Exception as err:
-                self.fail(err)
+                now = time.monotonic()
+                if self._deadline is not None and now >= self._deadline:
+                    self.fail(err)
+                    return
+                if attempt == 0:
+                    log.warning(
+                        "MLflow: the tracking server did not take a request (%s); retrying, "
+                        "training goes on and records wait in the queue",
+                        str(err).splitlines()[0] if str(err) else type(err).__name__,
+                    )
+                wait = RETRY_S[min(attempt, len(RETRY_S) - 1)]
+                if self._deadline is not None:
+                    wait = min(wait, self._deadline - now)
+                if self._wake.wait(wait):  # the run ends: once more now, then at the deadline
+                    self._wake.clear()
 
     def _c(self) -> Any:
         if self._client is None:
@@ -177,24 +223,38 @@ class MlflowTracker(Tracker):
 
         return Metric(key, value, int(time.time() * 1000), step)
 
-    def _flush(self) -> None:
-        while self._pending and self.mlflow_run_id is not None:
-            batch, self._pending = self._pending[:BATCH], self._pending[BATCH:]
+    def _flush(self, keep: int = 0) -> None:
+        """Send the pending metrics but the last ``keep``, a batch at a time, each dropped
+        from the pending list once the server took it."""
+        while len(self._pending) > keep and self.mlflow_run_id is not None:
+            batch = self._pending[: min(BATCH, len(self._pending) - keep)]
             self._c().log_batch(self.mlflow_run_id, metrics=batch)
+            self._pending = self._pending[len(batch) :]
+
+    def _absorb(self, record: dict[str, Any], metrics: list[Any]) -> None:
+        """Add ``record``'s metrics to the pending batch, once (a retried record adds none)."""
+        if not record.get(_ABSORBED):
+            self._pending += metrics
+            record[_ABSORBED] = True
 
     def _process(self, record: dict[str, Any]) -> None:
         event = record.get("event")
+        if event in ("start", "warm_start"):
+            if not record.get(_ABSORBED):  # created once, whatever a retry meets after
+                self._create(str(record.get("run_id")))
+                record[_ABSORBED] = True
+            return
+        if event == "resume":
+            self._resume(record)
+            return
         if event is None:
             step = record.get("step")
             if isinstance(step, int):
-                self._pending += [self._metric(k, v, step) for k, v in scalars(record).items()]
+                self._absorb(record, [self._metric(k, v, step) for k, v in scalars(record).items()])
                 if len(self._pending) >= BATCH:
                     self._flush()
             return
-        if event == BACKFILL:
-            self._backfill(int(record["step"]))
-            self._flush()
-        elif event == "checkpoint":
+        if event == "checkpoint":
             self._checkpoint(record)
         elif event == "resume_check" and record.get("summary"):
             n = self._resumes()
@@ -240,7 +300,8 @@ class MlflowTracker(Tracker):
             self.mlflow_run_id, f"recovery.resume.{n}", f"at step {step} from {record.get('from')}"
         )
         client.log_metric(self.mlflow_run_id, "resumed_at", float(step), step=step)
-        self._queue.put({"event": BACKFILL, "step": step})
+        self._backfill(step)
+        self._flush()
 
     def _backfill(self, upto: int) -> None:
         """Send the journal's steps up to ``upto`` that the MLflow run lacks (a process
@@ -263,11 +324,14 @@ class MlflowTracker(Tracker):
         from mlflow.entities import RunTag
 
         step = int(record.get("step", 0))
-        for key in ("pause_s", "wait_s", "write_s"):
-            if finite(record.get(key)):
-                self._pending.append(self._metric(f"checkpoint/{key}", record[key], step))
+        costs = [
+            self._metric(f"checkpoint/{key}", record[key], step)
+            for key in ("pause_s", "wait_s", "write_s")
+            if finite(record.get(key))
+        ]
         if finite(record.get("bytes")):
-            self._pending.append(self._metric("checkpoint/mb", record["bytes"] / 1e6, step))
+            costs.append(self._metric("checkpoint/mb", record["bytes"] / 1e6, step))
+        self._absorb(record, costs)
         artifact = record.get("artifact")
         if not isinstance(artifact, dict):
             self._flush()
@@ -278,7 +342,7 @@ class MlflowTracker(Tracker):
             RunTag("recovery.checkpoint.sha256", str(artifact.get("sha256"))),
         ]
         # the last batch before a commit carries its tags: one request fewer per commit
-        batch, self._pending = self._pending[-BATCH:], self._pending[:-BATCH]
-        self._flush()
-        self._c().log_batch(self.mlflow_run_id, metrics=batch, tags=tags)
+        self._flush(keep=min(BATCH, len(self._pending)))
+        self._c().log_batch(self.mlflow_run_id, metrics=self._pending, tags=tags)
+        self._pending = []
         self._c().log_dict(self.mlflow_run_id, artifact, f"checkpoints/{name}.json")
