@@ -81,6 +81,7 @@ class Journal:
         self._fh: IO[str] | None = None
         self._lock = threading.Lock()  # background saves record their costs too
         self._closed = False
+        self._closing = False
         self._watchers: list[Watcher] = []
         self._observers: list[Observer] = []
         self._sealer: tuple[Signer, TrustStore] | None = None
@@ -167,13 +168,17 @@ class Journal:
         self._tell("seen", record)
 
     def close(self) -> None:
-        """Close the file; then the observers see the end (once)."""
+        """The observers see the end (once), then the file is closed: what an observer still
+        records as it ends (a tracker's run id) is written."""
         with self._lock:
-            was_closed, self._closed = self._closed, True
+            was_closing, self._closing = self._closing, True
+        if was_closing:
+            return
+        self._tell("closed")
+        with self._lock:
+            self._closed = True
             if self._fh is not None:
                 self._fh.close()
-        if not was_closed:
-            self._tell("closed")
 
 
 def read_numbered(path: Path) -> list[tuple[int, dict[str, Any]]]:

@@ -118,3 +118,16 @@ def test_the_fingerprint_cost_is_measured_against_a_step(tmp_path):
     assert [r["model"] for r in result][:2] == ["embedding recipe", "classifier recipe"]
     assert all(r["fingerprint_s"] > 0 and r["step_s"] > 0 for r in result)
     assert all(r["auto_every"] is None or r["auto_every"] >= 1 for r in result)
+
+
+def test_the_gpu_benchmark_says_it_skipped_without_cuda_and_runs_its_steps_on_a_cpu(tmp_path):
+    skipped = run("bench_gpu.py", tmp_path=tmp_path)
+    if "skipped" in skipped:  # this machine: no CUDA
+        assert skipped["skipped"].startswith("no CUDA device here")
+    smoke = run("bench_gpu.py", "--device", "cpu", "--size-gb", "0.02", "--runs", "1",
+                tmp_path=tmp_path)  # fmt: skip
+    methods = smoke["methods"]
+    ours = {"ours sync", "ours async pause", "ours async total", "ours restore to device"}
+    theirs = {"torch.save+fsync", "torch.load to device", "parallel raw write floor"}
+    assert ours | theirs <= set(methods)
+    assert all(row["median_s"] > 0 for row in methods.values())

@@ -13,8 +13,9 @@ logged:
 - each per-step record's numbers (``loss``, ``lr``, ``epoch``, ``update``) as metrics
   at their ``step``, in batches;
 - a fresh run creates the MLflow run (tag ``recovery.run_id``) and journals its id,
-  ``{"event": "mlflow_run", "mlflow_run_id": ...}``. A resume reads that id back from
-  the journal (else finds the run by its tag), continues the same MLflow run, marks
+  ``{"event": "mlflow_run", "mlflow_run_id": ...}``, when the sender gets to it. A resume
+  reads that id back from the journal (else, the process before killed first, finds
+  the run by its tag), continues the same MLflow run, marks
   the resume (metric ``resumed_at``, tags ``recovery.resumes`` and
   ``recovery.resume.<n>``), and backfills from the journal the steps up to the
   checkpoint that the killed process had not sent yet;
