@@ -85,12 +85,22 @@ class Journal:
         self._watchers: list[Watcher] = []
         self._observers: list[Observer] = []
         self._sealer: tuple[Signer, TrustStore] | None = None
-        self._tip: str | None = None  # the link of the last sealed event in the file
+        self._tip = ""  # the link of the last sealed event in the file ("": none)
+        self._tip_known = False  # read from the file, or handed over by who read it
 
     def seal_with(self, signer: Signer, trust: TrustStore) -> None:
         """Seal the steering events written from now on with ``signer``, chained onto the
         last one in the file that verifies with ``trust`` (:mod:`recovery.integrity.seal`)."""
         self._sealer = (signer, trust)
+
+    def chain_from(self, tip: str) -> None:
+        """Chain the next sealed event onto ``tip``: the last sealed event that verifies, as
+        the caller found it reading this very file under the writer's lock with the same
+        trust store (a resume: :func:`recovery.run.restoring.history.read`), so the first
+        sealed write need not read the whole file again."""
+        with self._lock:
+            if not self._tip_known:
+                self._tip, self._tip_known = tip, True
 
     def watch(self, watcher: Watcher) -> None:
         """Show ``watcher`` every per-step record from now on."""
@@ -132,9 +142,9 @@ class Journal:
         if self._sealer is None or self.path is None or not seal.steers(record):
             return record
         signer, trust = self._sealer
-        if self._tip is None:
+        if not self._tip_known:
             existing = read_numbered(self.path) if self.path.is_file() else []
-            self._tip = seal.check(existing, trust).tip
+            self._tip, self._tip_known = seal.check(existing, trust).tip, True
         sealed = seal.seal(record, self._tip, signer)
         self._tip = seal.link(sealed)
         return sealed

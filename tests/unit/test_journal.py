@@ -80,3 +80,36 @@ def test_observers_see_every_record_and_the_close_once_and_a_failing_one_is_drop
         next(r.message for r in caplog.records if "tracking server down" in r.message)
     ) == 1
     assert len(read(tmp_path / "m.jsonl")) == 2
+
+
+def test_a_resume_reads_the_journal_once_and_chains_onto_the_tip_it_found(
+    tmp_path, monkeypatch, signer, trust, prov
+):
+    """The start's history read finds the sealed chain's tip; the journal chains the
+    resume's events onto it without reading the file again, and the chain verifies."""
+    from recovery.config import CheckpointConfig
+    from recovery.integrity import seal
+    from recovery.run import journal as journal_mod
+    from recovery.run.checkpointer import Checkpointer
+    from tests.conftest import tiny_state, train_steps
+
+    kw = {"signer": signer, "trust": trust, "provenance": prov, "preemption": False}
+    state = tiny_state()
+    with Checkpointer(CheckpointConfig(every_steps=2), tmp_path / "r", final_step=6, **kw) as ck:
+        ck.restore(state)
+        for step in range(1, 5):
+            ck.record(step, loss=train_steps(state, 1)[0])
+            ck.maybe_save(state, step)
+    reads = []
+    real = journal_mod.read_numbered
+    monkeypatch.setattr(journal_mod, "read_numbered", lambda p: reads.append(p) or real(p))
+    state = tiny_state()
+    with Checkpointer(CheckpointConfig(every_steps=2), tmp_path / "r", final_step=6, **kw) as ck:
+        assert ck.restore(state, "latest") == 4
+        assert len(reads) == 1  # the history's read, nothing else
+        for step in range(5, 7):
+            ck.record(step, loss=train_steps(state, 1)[0])
+            ck.maybe_save(state, step)
+    checked = seal.check(real(tmp_path / "r" / "metrics.jsonl"), trust.with_signer(signer))
+    assert not checked.refused and not checked.stray
+    assert {r.get("event") for r in checked.obeyed} >= {"start", "resume", "checkpoint"}

@@ -229,6 +229,7 @@ def pick(
     defer: Callable[[str], bool] | None = None,
     exclude: Mapping[Path, str] | None = None,
     local: Sequence[tuple[int, Path]] | None = None,
+    past: history.History | None = None,
 ) -> tuple[choose.Loaded | None, str | None, history.History]:
     """The checkpoint to resume (:func:`recovery.run.restoring.choose.select`, checked against the
     run's journal, whose steering events count when sealed by a key in ``events_trust``),
@@ -236,7 +237,8 @@ def pick(
 
     Under torchrun, when the ranks chose different steps and some took a ``local``
     snapshot (another rank's of that step did not verify), every rank passes its ``local``
-    ones over (added to ``exclude``) and chooses again.
+    ones over (added to ``exclude``) and chooses again. ``past``: the journal's history,
+    when this process read it already.
 
     Returns:
         The checkpoint (``None``: start fresh); the run id it replaces when ``spec``
@@ -246,7 +248,8 @@ def pick(
     Raises:
         as :func:`recovery.run.restoring.choose.select`; RecoveryError: the ranks chose differently.
     """
-    past = history.read(journal, events_trust)
+    if past is None:  # not read already by this process's start (rank 0's is)
+        past = history.read(journal, events_trust)
     excluded = dict(exclude or {})
     while True:
         loaded = choose.select(

@@ -49,6 +49,9 @@ class History:
     steps: dict[int, dict[str, Any]] = field(default_factory=dict)
     """Step -> the last per-step record written for it: what the run last did at each
     step (a resume's self-check compares its redone steps with these)."""
+    tip: str = ""
+    """The link of the last sealed event that verifies (empty: none): where the writer's next sealed
+    event chains on (:meth:`~recovery.run.journal.Journal.chain_from`)."""
 
     @property
     def newest(self) -> int | None:
@@ -112,7 +115,7 @@ def read(path: Path, trust: TrustStore) -> History:
             shown,
             more,
         )
-    past = from_records(checked.obeyed)
+    past = replace(from_records(checked.obeyed), tip=checked.tip)
     # a commit signed by the writer but cut out of the chain still counts: it can only make
     # the resume more cautious (a broken chain must not hide a rollback)
     commits = {

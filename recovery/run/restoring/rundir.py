@@ -19,23 +19,27 @@ from recovery.integrity.signing import TrustStore
 from recovery.parallel import world as distributed
 from recovery.parallel.world import World
 from recovery.run.restoring import branches, history
+from recovery.run.restoring.history import History
 from recovery.run.saving import retention
 
 
-def prepare(run_dir: Path, world: World, journal: Path, events_trust: TrustStore) -> RunLock | None:
+def prepare(
+    run_dir: Path, world: World, journal: Path, events_trust: TrustStore
+) -> tuple[RunLock | None, History | None]:
     """Before a run touches its directory: rank 0 creates it, takes the writer's lock, and
     only then removes the temp directories of dead writes and finishes an interrupted
     move of an abandoned branch (:mod:`recovery.run.restoring.branches`) that the journal's sealed
     events (verified with ``events_trust``) record; every rank waits for that.
 
     Returns:
-        The lock (rank 0), to hold until the run ends.
+        The lock (rank 0), to hold until the run ends, and the journal's history as it
+        read it (rank 0; ``None`` elsewhere): a resume reads the journal once.
 
     Raises:
         RunDirLockedError: another process is writing ``run_dir``.
         StorageError: ``run_dir`` cannot be created or written (read-only, permissions).
     """
-    lock = None
+    lock, past = None, None
     if world.leader:
         try:
             made = not run_dir.exists()
@@ -46,7 +50,8 @@ def prepare(run_dir: Path, world: World, journal: Path, events_trust: TrustStore
             Path(tempfile.mkdtemp(prefix=".recovery-probe-", dir=run_dir)).rmdir()
             commit.remove_stale(run_dir)
             retention.tidy_best(run_dir)
-            branches.finish(run_dir, history.read(journal, events_trust))
+            past = history.read(journal, events_trust)
+            branches.finish(run_dir, past)
         except OSError as err:
             if lock is not None:
                 lock.release()
@@ -59,4 +64,4 @@ def prepare(run_dir: Path, world: World, journal: Path, events_trust: TrustStore
                 path=run_dir,
             ) from err
     distributed.barrier()
-    return lock
+    return lock, past

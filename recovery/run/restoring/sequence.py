@@ -32,6 +32,7 @@ from recovery.run.journal import Journal
 from recovery.run.monitoring import fingerprint
 from recovery.run.monitoring.watch import Watch
 from recovery.run.restoring import begin, branches, choose, rundir, selfcheck
+from recovery.run.restoring.history import History
 from recovery.run.scheduling.preemption import PreemptionGuard
 from recovery.run.status import RunStatus, Trust
 from recovery.run.tiers import rules
@@ -102,6 +103,8 @@ class Restorer:
         self.watch: Watch | None = None
         """The run's watch (resume health, state changed after a save), once it began."""
         self._lock: RunLock | None = None
+        self._past: History | None = None
+        """The journal's history as the start read it (rank 0), for the resume to reuse."""
         self._check: selfcheck.ResumeCheck | None = None
         """The self-check of this process's resume, while it compares."""
 
@@ -131,7 +134,11 @@ class Restorer:
         spec = self.purposes[purpose.CONTINUATION]
         purpose.check_state(spec.name, spec.requires, state.names, state.absent)
         state.review()  # objects wired since the state was built (a scheduler made later)
-        self._lock = rundir.prepare(self.run_dir, self.world, self.journal_path, self.trust.events)
+        self._lock, self._past = rundir.prepare(
+            self.run_dir, self.world, self.journal_path, self.trust.events
+        )
+        if self._past is not None and self.journal.path is not None:
+            self.journal.chain_from(self._past.tip)  # read once: no second pass to find it
         try:
             if self.watch is None:  # registers the health monitor before anything loads
                 self.watch = Watch(
@@ -216,6 +223,7 @@ class Restorer:
                 defer=defer,
                 exclude=damaged,
                 local=local,
+                past=self._past,
             )
             if loaded is None:
                 return None
