@@ -61,7 +61,8 @@ def json_loads(data: bytes | str, *, limit: int | None = None) -> Any:
         obj = json.loads(data)
     except RecursionError:
         raise ValueError(f"nested more than {MAX_DEPTH} levels deep") from None
-    check_depth(obj)
+    if len(data) > 2 * MAX_DEPTH:  # shorter, it cannot open and close MAX_DEPTH + 1 levels
+        check_depth(obj)
     return obj
 
 

@@ -92,3 +92,18 @@ def test_resume_latest_falls_back_past_deep_nesting(tmp_path, signer, trust, cap
     assert loaded is not None and loaded.decoded.step == 3
     assert [p.name for p, _ in loaded.skipped] == [step_dir_name(5), step_dir_name(4)]
     assert "RESUME FALLBACK" in caplog.text
+
+
+@pytest.mark.parametrize(("depth", "refused"), [(1, False), (100, False), (101, True)])
+def test_json_at_the_depth_limit_whatever_its_length_the_short_cut_included(depth, refused):
+    """A text of at most 2 x MAX_DEPTH characters skips the walk: it cannot nest past the
+    limit. The shortest text nested one level too deep is just past that length."""
+    from recovery.format import bounded
+
+    text = "[" * depth + "]" * depth
+    assert (len(text) > 2 * bounded.MAX_DEPTH) == refused
+    if refused:
+        with pytest.raises(ValueError, match="nested more than 100 levels deep"):
+            bounded.json_loads(text)
+    else:
+        assert bounded.json_loads(text) is not None
