@@ -44,7 +44,7 @@ from recovery import faults
 from recovery.cli import parameters_digest
 from recovery.config import SigningConfig
 from recovery.format.layout import METRICS_FILE, scan, step_dir_name
-from recovery.integrity import trust
+from recovery.integrity.keys import trust
 from recovery.run.journal import effective_steps, read
 from recovery.run.restoring import choose
 

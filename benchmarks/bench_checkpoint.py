@@ -46,8 +46,8 @@ import safetensors.torch
 import torch
 
 from recovery.config import CheckpointConfig
-from recovery.integrity import commit
-from recovery.integrity.signing import Signer, TrustStore, generate_keypair
+from recovery.integrity.commits import commit
+from recovery.integrity.keys.signing import Signer, TrustStore, generate_keypair
 from recovery.run.restoring import choose
 from recovery.run.writing.staging import Staging
 from recovery.state import snapshot

@@ -71,7 +71,7 @@ import numpy as np
 import torch
 
 from recovery.format import delta
-from recovery.integrity.signing import TrustStore, generate_keypair
+from recovery.integrity.keys.signing import TrustStore, generate_keypair
 from recovery.run.restoring import choose
 from recovery.tools.drill import dvc_repo
 

@@ -87,7 +87,7 @@ def worker(args: argparse.Namespace) -> None:
 
     from recipes.common import parallelize
     from recovery.config import CheckpointConfig, DistConfig, LocalConfig
-    from recovery.integrity.signing import Signer, TrustStore, generate_keypair
+    from recovery.integrity.keys.signing import Signer, TrustStore, generate_keypair
     from recovery.parallel import world as distributed
     from recovery.run.checkpointer import Checkpointer
     from recovery.state.registry import TrainState

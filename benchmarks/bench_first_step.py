@@ -87,7 +87,7 @@ def child_ours(work: Path, size_gb: float, save: bool) -> float:
     from torch import nn
 
     import recovery
-    from recovery.integrity.signing import Signer, TrustStore
+    from recovery.integrity.keys.signing import Signer, TrustStore
 
     model, opt = build(size_gb)
     if save:
@@ -151,7 +151,7 @@ def main(argv: list[str] | None = None) -> int:
             print(child_ours(work, args.size_gb, save=args.child == "save"))
         return 0
 
-    from recovery.integrity.signing import generate_keypair
+    from recovery.integrity.keys.signing import generate_keypair
 
     work = Path(tempfile.mkdtemp(prefix="recovery-first-step-"))
     try:

@@ -47,7 +47,7 @@ from workload import fsync_tree, make_state  # noqa: E402
 
 from recovery import CheckpointConfig, Checkpointer, TrainState  # noqa: E402
 from recovery.config.checkpoint import DvcConfig  # noqa: E402
-from recovery.integrity.signing import Signer, TrustStore, generate_keypair  # noqa: E402
+from recovery.integrity.keys.signing import Signer, TrustStore, generate_keypair  # noqa: E402
 
 NO_DVC = DvcConfig(enabled=False)
 

@@ -29,8 +29,8 @@ from pathlib import Path
 from typing import Any
 
 from recovery.config import ResumeCheckConfig
-from recovery.integrity import seal
-from recovery.integrity.signing import Signer, TrustStore, generate_keypair
+from recovery.integrity.keys import seal
+from recovery.integrity.keys.signing import Signer, TrustStore, generate_keypair
 from recovery.run import journal
 from recovery.run.restoring import history
 from recovery.run.restoring.selfcheck import ResumeCheck

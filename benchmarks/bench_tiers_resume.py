@@ -30,7 +30,7 @@ from typing import Any
 
 def raw_and_verified(path: Path) -> tuple[float, float]:
     """Seconds to read the files of checkpoint ``path`` into memory, and to load it verified."""
-    from recovery.integrity.signing import TrustStore
+    from recovery.integrity.keys.signing import TrustStore
     from recovery.run.restoring import choose
 
     began = time.perf_counter()

@@ -40,7 +40,7 @@ from recovery.config import (
 )
 from recovery.errors import ConfigError, Preempted
 from recovery.format.layout import METRICS_FILE
-from recovery.integrity import trust
+from recovery.integrity.keys import trust
 from recovery.parallel import sharded
 from recovery.parallel import world as distributed
 from recovery.parallel.world import World

@@ -28,7 +28,7 @@ from recipes.embedding import DotProduct, EmbeddingConfig
 from recovery.config import CheckpointConfig, RunConfig, SigningConfig, typed
 from recovery.config.checks import refuse
 from recovery.errors import ConfigError, ExportError
-from recovery.integrity import trust
+from recovery.integrity.keys import trust
 from recovery.parallel import sharded
 from recovery.run.restoring import choose
 from recovery.tools import export

@@ -39,7 +39,7 @@ if TYPE_CHECKING:  # the lazily imported names, for type checkers and IDEs
         RunConfig,
         TrainConfig,
     )
-    from recovery.integrity.reader import read_verified
+    from recovery.integrity.reads.reader import read_verified
     from recovery.run.checkpointer import Checkpointer
     from recovery.run.journal import Journal
     from recovery.run.restoring.choose import select
@@ -60,7 +60,7 @@ _LAZY: dict[str, tuple[str, str]] = {
     "ResumeCheckConfig": ("recovery.config", "ResumeCheckConfig"),
     "RunConfig": ("recovery.config", "RunConfig"),
     "TrainConfig": ("recovery.config", "TrainConfig"),
-    "read_verified": ("recovery.integrity.reader", "read_verified"),
+    "read_verified": ("recovery.integrity.reads.reader", "read_verified"),
     "Checkpointer": ("recovery.run.checkpointer", "Checkpointer"),
     "Journal": ("recovery.run.journal", "Journal"),
     "PreemptionGuard": ("recovery.run.scheduling.preemption", "PreemptionGuard"),

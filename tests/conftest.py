@@ -21,8 +21,8 @@ import torch
 
 from recovery.format import manifest, tensorfile
 from recovery.format.layout import SIGNATURE_FILE, step_dir_name
-from recovery.integrity import commit
-from recovery.integrity.signing import Signer, TrustStore, generate_keypair
+from recovery.integrity.commits import commit
+from recovery.integrity.keys.signing import Signer, TrustStore, generate_keypair
 from recovery.provenance import capture as provenance
 from recovery.provenance.purpose import BUILTIN
 from recovery.state import snapshot

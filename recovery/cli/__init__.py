@@ -1,13 +1,13 @@
 """``recovery``: the command line. The only package that prints or chooses exit codes.
 
-One module per command group (:mod:`~recovery.cli.listing`: ls;
-:mod:`~recovery.cli.reading`: verify, inspect, audit; :mod:`~recovery.cli.drill`;
-:mod:`~recovery.cli.serve`: export, predict; :mod:`~recovery.cli.importing`: import;
-:mod:`~recovery.cli.reporting`: report;
-:mod:`~recovery.cli.plan`;
-:mod:`~recovery.cli.sync`; :mod:`~recovery.cli.keys`), composing the project's config from overrides
-(:mod:`~recovery.cli.overrides`, also ``train.py``'s preflight), the exit-code
-table in :mod:`~recovery.cli.codes`, and :mod:`~recovery.cli.main`, which parses and dispatches.
+One module per command group in :mod:`recovery.cli.commands` (``listing``: ls;
+``reading``: verify, inspect, audit; ``drill``; ``serve``: export, predict;
+``importing``: import; ``reporting``: report; ``plan``; ``sync``; ``keys``;
+``tierrows``: ls's local-tier rows); beside them what every command shares: composing
+the project's config from overrides (:mod:`~recovery.cli.overrides`, also ``train.py``'s
+preflight), the exit-code table in :mod:`~recovery.cli.codes`, the help text of every
+command (:mod:`~recovery.cli.helptext`), and :mod:`~recovery.cli.main`, which parses and
+dispatches.
 """
 
 from recovery.cli.codes import EXIT_CODES, exit_code, report

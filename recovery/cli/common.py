@@ -11,8 +11,8 @@ from typing import TYPE_CHECKING, Any
 
 from recovery import errors
 from recovery.config import SigningConfig, parse_duration
-from recovery.integrity import trust
-from recovery.integrity.signing import TrustStore
+from recovery.integrity.keys import trust
+from recovery.integrity.keys.signing import TrustStore
 from recovery.run.restoring import checked
 from recovery.run.restoring.checked import signer_text as signer_text  # the commands import it here
 
@@ -91,7 +91,7 @@ def add_trust_flags(p: argparse.ArgumentParser) -> None:
 
 def trust_of(args: argparse.Namespace) -> TrustStore:
     """The trust store ``--trusted`` names (default ``.recovery/trusted``) plus the dev keys
-    (:func:`recovery.integrity.trust.trust_store`)."""
+    (:func:`recovery.integrity.keys.trust.trust_store`)."""
     defaults = SigningConfig()
     missing = [p for p in args.trusted or [] if not Path(p).exists()]
     if missing:

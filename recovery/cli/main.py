@@ -67,7 +67,7 @@ def build_parser(
     wanted = helptext.COMMANDS if commands is None else commands
     for name, command in helptext.COMMANDS.items():
         if name in wanted and name not in sub.choices:  # a module may register several
-            importlib.import_module(f"recovery.cli.{command.module}").register(sub)
+            importlib.import_module(f"recovery.cli.commands.{command.module}").register(sub)
     for name, command in helptext.COMMANDS.items():
         if name not in sub.choices:
             sub.add_parser(name, help=command.summary)

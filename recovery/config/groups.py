@@ -131,10 +131,10 @@ class SigningConfig:
     """PEM private key that signs; env ``RECOVERY_SIGNING_KEY`` overrides; unset = the dev key."""
     trusted: str = ".recovery/trusted"
     """Directory of trusted public keys (``*.pub``/``*.pem``), besides the signer's own; a
-    relative path is the project's (see :mod:`recovery.integrity.trust`)."""
+    relative path is the project's (see :mod:`recovery.integrity.keys.trust`)."""
     dev_key_dir: str | None = None
     """Where the development key is (and is created on first use); unset: the search order
-    of :mod:`recovery.integrity.devkeys` (``$RECOVERY_DEV_KEY_DIR``, the nearest
+    of :mod:`recovery.integrity.keys.devkeys` (``$RECOVERY_DEV_KEY_DIR``, the nearest
     ``.recovery/dev-key`` above the run directory or the working directory, the per-user
     one), the same from any working directory."""
     allow_untrusted: bool = False

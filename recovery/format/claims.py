@@ -5,7 +5,7 @@ what they are. A file the manifest lists but nothing in ``state.json`` gives a
 meaning (a key holder re-signed the directory with a file added, or a tool
 that is not this one wrote it) is never read by a decoder, so a verification
 that only checked the manifest would pass it on unnoticed: every reader
-refuses it instead (:func:`recovery.integrity.reader.read_verified`).
+refuses it instead (:func:`recovery.integrity.reads.reader.read_verified`).
 
 A listed file is claimed by
 

@@ -8,7 +8,7 @@ order, whatever the files' hash). Our own fields ride in one extra predicate fie
 ``recovery``: format version, step, purpose, run id, file sizes, metrics and,
 later, provenance. Verifiers of that format ignore unknown fields.
 
-The statement's canonical JSON (:func:`payload`) is what :mod:`recovery.integrity.signing`
+The statement's canonical JSON (:func:`payload`) is what :mod:`recovery.integrity.keys.signing`
 signs into ``model.sig``, the last file written to the directory; the
 signature file itself is listed in ``ignore_paths``, as model-signing expects.
 """
@@ -32,7 +32,8 @@ FORMAT_VERSION = 1
 
 @dataclass(frozen=True)
 class SignatureCheck:
-    """What verifying a bundle established (:func:`recovery.integrity.signing.verify_bundle`)."""
+    """What verifying a bundle established
+    (:func:`recovery.integrity.keys.signing.verify_bundle`)."""
 
     payload: bytes
     key_id: str

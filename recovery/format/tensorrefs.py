@@ -10,7 +10,7 @@ present, dtypes and shapes that fit the base's table, no stray rows), and every
 :func:`recovery.run.restoring.choose.check`, the hash-only verification of ``recovery ls``
 and ``recovery verify``. The values of a delta's
 row indexes are checked too (in range, ascending, unique) from their verified bytes,
-when the caller kept them (:class:`recovery.integrity.hashonly.Checked` does).
+when the caller kept them (:class:`recovery.integrity.reads.hashonly.Checked` does).
 """
 
 from __future__ import annotations

@@ -19,7 +19,7 @@ descriptor do not. So the writer:
 
 The run directory itself (the path the user configured, links above it
 included) is the anchor: it is trusted as given, and a writer notices when its
-name comes to name another directory (:meth:`recovery.integrity.lock.RunLock.check`).
+name comes to name another directory (:meth:`recovery.integrity.commits.lock.RunLock.check`).
 Every refusal is an :class:`~recovery.errors.UnsafePathError` (exit 5) naming
 the link, where it points and what to do; nothing is written through it.
 """

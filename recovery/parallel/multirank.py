@@ -14,7 +14,7 @@ decide to save together, see
    writes the replicated state (``state.json``, the other components,
    ``config.yaml``), hashes what no rank reported (DCP's ``.metadata``), signs
    the manifest of every file last and renames the directory into place,
-   exactly as :func:`recovery.integrity.commit.commit` does for one process;
+   exactly as :func:`recovery.integrity.commits.commit.commit` does for one process;
 6. rank 0 tells the others whether the commit happened.
 
 What is written is a :class:`Parts`: the live state on the training thread

@@ -7,7 +7,7 @@
   optimizer's param groups (learning rates, betas: plain numbers) travel in
   ``state.json``. DCP's ``.metadata`` is a pickle, which is why every
   ``dcp/`` file is listed in the signed manifest, and DCP reads only the
-  verified bytes (:class:`recovery.integrity.dcp.VerifiedReader`), never the
+  verified bytes (:class:`recovery.integrity.reads.dcp.VerifiedReader`), never the
   directory.
 - ``ranks/rank-NNNNN.{json,safetensors}``: state that differs per rank (its
   RNG streams), written by that rank through :mod:`recovery.format.codec`.
@@ -28,7 +28,7 @@ from recovery.errors import FormatError, IncompatibleStateError, RecoveryError
 from recovery.format import codec, tensorfile
 from recovery.format.layout import DISTRIBUTED, RANK_DIR, TENSOR_SUFFIX
 from recovery.format.manifest import FileRecord
-from recovery.integrity import commit
+from recovery.integrity.commits import commit
 
 SHARDED = ("model", "optimizer")
 """Components that go through DCP in a distributed checkpoint."""
@@ -137,7 +137,7 @@ def full_model(files: dict[str, Any], *, where: Path) -> dict[str, torch.Tensor]
     """
     from torch.distributed.checkpoint.metadata import TensorStorageMetadata
 
-    from recovery.integrity.dcp import VerifiedReader
+    from recovery.integrity.reads.dcp import VerifiedReader
 
     prefix = "model."
     try:
@@ -196,7 +196,7 @@ def _read(target: dict[str, Any], files: dict[str, Any], *, where: Path) -> None
     """
     from torch.distributed.checkpoint.state_dict_loader import load as dcp_load
 
-    from recovery.integrity.dcp import VerifiedReader
+    from recovery.integrity.reads.dcp import VerifiedReader
 
     try:
         _quiet(
@@ -241,7 +241,7 @@ def write(
     """
     from torch.distributed.checkpoint.state_dict_saver import save as dcp_save
 
-    from recovery.integrity.dcp import HashingWriter
+    from recovery.integrity.reads.dcp import HashingWriter
 
     writer = HashingWriter(directory)
     _quiet(

@@ -21,8 +21,8 @@ import torch.distributed as dist
 
 from recovery.errors import CommitError
 from recovery.format.layout import temp_dir_for
-from recovery.integrity import reaping
-from recovery.integrity.reaping import fsync_dir
+from recovery.integrity.commits import reaping
+from recovery.integrity.commits.reaping import fsync_dir
 
 Group = dist.ProcessGroup | None
 _TAGS = 1 << 16

@@ -23,9 +23,9 @@ import yaml
 
 from recovery.config import CheckpointConfig, HealthConfig, SigningConfig
 from recovery.format.layout import METRICS_FILE
-from recovery.integrity import trust as keys
-from recovery.integrity.reaping import Reaper
-from recovery.integrity.signing import Signer, TrustStore
+from recovery.integrity.commits.reaping import Reaper
+from recovery.integrity.keys import trust as keys
+from recovery.integrity.keys.signing import Signer, TrustStore
 from recovery.parallel import multirank
 from recovery.parallel.world import World
 from recovery.provenance import capture as prov
@@ -110,7 +110,7 @@ def assemble(
     signer = signer if signer is not None else keys.resolve_signer(SigningConfig())
     trust = trust if trust is not None else keys.resolve_trust(SigningConfig(), signer)
     # whose seals on the journal's steering events are believed: the trust store and this
-    # writer's own key (recovery.integrity.seal)
+    # writer's own key (recovery.integrity.keys.seal)
     trusted = Trust(trust, trust.with_signer(signer), allow_untrusted)
     recorded = recordable(config)
     provenance = provenance if provenance is not None else prov.capture(config=recorded)

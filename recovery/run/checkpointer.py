@@ -26,7 +26,7 @@ from typing import Any, Self
 from recovery import console
 from recovery.config import CheckpointConfig, HealthConfig, parse_duration
 from recovery.errors import RecoveryError
-from recovery.integrity.signing import Signer, TrustStore
+from recovery.integrity.keys.signing import Signer, TrustStore
 from recovery.parallel import world as distributed
 from recovery.parallel.world import World
 from recovery.provenance.purpose import PurposeSpec
@@ -50,7 +50,7 @@ class Checkpointer:
         run_dir: ``<checkpoint.root>/<run.name>`` (a ``str`` or any path-like).
         final_step: the run's last step; a checkpoint is always written there.
         signer: signs every artifact; default: as the CLI resolves it
-            (``$RECOVERY_SIGNING_KEY``, else the dev key: :mod:`recovery.integrity.trust`).
+            (``$RECOVERY_SIGNING_KEY``, else the dev key: :mod:`recovery.integrity.keys.trust`).
         trust: keys whose artifacts may be loaded; default: the trust store of
             :class:`~recovery.config.SigningConfig` and the signer's own key.
         allow_untrusted: also load artifacts by other signers (signature still checked).

@@ -20,7 +20,7 @@ Lines are flushed to the OS as they are written, so a SIGKILL loses none of
 them; a torn last line (power loss) is skipped when reading and a newline is
 written before the next append so it cannot corrupt the next record.
 
-The events a resume acts on (:data:`recovery.integrity.seal.STEERING`) are
+The events a resume acts on (:data:`recovery.integrity.keys.seal.STEERING`) are
 sealed as they are written, once the checkpointer hands the journal its
 signing key (:meth:`Journal.seal_with`): signed and chained, so that a line
 someone else appends is ignored by the next resume instead of obeyed. The file
@@ -38,8 +38,10 @@ from pathlib import Path
 from typing import IO, Any, Protocol
 
 from recovery.format import bounded
-from recovery.integrity import full, nofollow, seal
-from recovery.integrity.signing import Signer, TrustStore
+from recovery.integrity import nofollow
+from recovery.integrity.commits import full
+from recovery.integrity.keys import seal
+from recovery.integrity.keys.signing import Signer, TrustStore
 
 log = logging.getLogger(__name__)
 
@@ -90,7 +92,7 @@ class Journal:
 
     def seal_with(self, signer: Signer, trust: TrustStore) -> None:
         """Seal the steering events written from now on with ``signer``, chained onto the
-        last one in the file that verifies with ``trust`` (:mod:`recovery.integrity.seal`)."""
+        last one in the file that verifies with ``trust`` (:mod:`recovery.integrity.keys.seal`)."""
         self._sealer = (signer, trust)
 
     def chain_from(self, tip: str) -> None:

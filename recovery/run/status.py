@@ -12,7 +12,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from recovery.integrity.signing import TrustStore
+from recovery.integrity.keys.signing import TrustStore
 
 
 @dataclass
@@ -59,5 +59,5 @@ class Trust:
 
     artifacts: TrustStore
     events: TrustStore
-    """The trust store and this writer's own key (:mod:`recovery.integrity.seal`)."""
+    """The trust store and this writer's own key (:mod:`recovery.integrity.keys.seal`)."""
     allow_untrusted: bool = False

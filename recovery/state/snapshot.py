@@ -22,7 +22,7 @@ from recovery.format.layout import (
     STATE_FILE,
     tensor_file,
 )
-from recovery.integrity.reader import Deferred, Verified
+from recovery.integrity.reads.reader import Deferred, Verified
 
 STATE_FORMAT = statedoc.STATE_FORMAT
 DIFFERENTIAL = statedoc.DIFFERENTIAL

@@ -40,8 +40,10 @@ from recovery import faults
 from recovery.errors import ConfigError, RecoveryError, TrackingError
 from recovery.format import bounded
 from recovery.format.layout import parse_step
-from recovery.integrity import listed, nofollow, reaping
-from recovery.integrity.signing import TrustStore
+from recovery.integrity import nofollow
+from recovery.integrity.commits import reaping
+from recovery.integrity.keys.signing import TrustStore
+from recovery.integrity.reads import listed
 
 log = logging.getLogger(__name__)
 

@@ -36,8 +36,8 @@ from typing import Any
 from recovery.errors import RecoveryError
 from recovery.format.layout import SIGNATURE_FILE
 from recovery.format.manifest import Manifest
-from recovery.integrity import chain
-from recovery.integrity.signing import TrustStore
+from recovery.integrity.keys.signing import TrustStore
+from recovery.integrity.reads import chain
 from recovery.provenance.lineage import PROMOTED_FROM
 from recovery.run.restoring import certificate, checked
 from recovery.tools.audit_index import (

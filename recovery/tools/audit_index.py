@@ -39,8 +39,8 @@ from recovery.format.layout import (
     is_uncommitted,
     parse_step,
 )
-from recovery.integrity import seal
-from recovery.integrity.signing import MAX_BUNDLE_BYTES, TrustStore
+from recovery.integrity.keys import seal
+from recovery.integrity.keys.signing import MAX_BUNDLE_BYTES, TrustStore
 from recovery.provenance.lineage import PROMOTED_FROM
 from recovery.run import journal
 
@@ -207,7 +207,7 @@ def _holds_none(path: Path) -> bool:
 def retired_at(run_dir: Path, trust: TrustStore) -> dict[int, int]:
     """Step -> the step whose commit made retention delete it, as the run's journal
     (``<run>/metrics.jsonl``) records it in ``retired`` events sealed by a trusted key
-    (:mod:`recovery.integrity.seal`); a step written again later is not retired. Empty
+    (:mod:`recovery.integrity.keys.seal`); a step written again later is not retired. Empty
     when there is no journal or it cannot be read."""
     path = run_dir / METRICS_FILE
     try:

@@ -42,8 +42,8 @@ from recovery.errors import FormatError, PurposeError
 from recovery.format import bounded, codec
 from recovery.format.layout import IO_SIGNATURE_FILE, PROGRAM_FILE, STATE_FILE, tensor_file
 from recovery.format.manifest import Manifest
-from recovery.integrity import commit
-from recovery.integrity.signing import Signer, TrustStore
+from recovery.integrity.commits import commit
+from recovery.integrity.keys.signing import Signer, TrustStore
 from recovery.provenance import lineage, purpose
 from recovery.run.restoring import choose
 
@@ -289,7 +289,7 @@ def load_inference(
         PurposeError: it is no inference artifact, or lacks its program or signature.
     """
     from recovery.config import SigningConfig
-    from recovery.integrity import trust as trust_mod
+    from recovery.integrity.keys import trust as trust_mod
 
     path = Path(path)
     store = trust if trust is not None else trust_mod.resolve_trust(SigningConfig())

@@ -29,7 +29,7 @@ import yaml
 from recovery.errors import CheckpointNotFoundError, ConfigError, FormatError
 from recovery.format import bounded
 from recovery.format.manifest import Manifest, root_digest
-from recovery.integrity.signing import Signer
+from recovery.integrity.keys.signing import Signer
 from recovery.provenance import capture, lineage, purpose
 from recovery.run.status import Identity
 from recovery.run.writing import job as job_mod

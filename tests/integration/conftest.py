@@ -17,7 +17,7 @@ import torch
 
 from recovery import faults
 from recovery.format.layout import METRICS_FILE, step_dir_name
-from recovery.integrity.trust import KEY_ENV
+from recovery.integrity.keys.trust import KEY_ENV
 from recovery.run.journal import effective_steps
 from recovery.run.restoring import choose
 from recovery.tools.drill import flat_tensors

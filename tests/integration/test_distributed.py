@@ -15,8 +15,8 @@ import torch
 from recipes.embedding import DotProduct
 from recovery import cli
 from recovery.format.layout import DISTRIBUTED, METRICS_FILE, scan, step_dir_name
-from recovery.integrity import reader
-from recovery.integrity.trust import KEY_ENV
+from recovery.integrity.keys.trust import KEY_ENV
+from recovery.integrity.reads import reader
 from recovery.parallel import sharded
 from recovery.run.journal import effective_steps, read
 from recovery.run.restoring import choose

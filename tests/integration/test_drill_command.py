@@ -11,7 +11,7 @@ import sys
 import pytest
 
 from recovery import cli
-from recovery.integrity.trust import KEY_ENV
+from recovery.integrity.keys.trust import KEY_ENV
 from recovery.tools import killpoints
 from tests.integration.conftest import ROOT
 from tests.integration.test_drill import assert_progress

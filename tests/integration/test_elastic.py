@@ -28,7 +28,7 @@ import pytest
 
 from recovery import faults
 from recovery.format.layout import METRICS_FILE, scan
-from recovery.integrity.trust import KEY_ENV
+from recovery.integrity.keys.trust import KEY_ENV
 from tests import launcher as preloaded
 from tests.integration.conftest import SMALL, TRAIN
 from tests.integration.test_distributed import assert_same_job

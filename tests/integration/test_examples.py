@@ -13,7 +13,7 @@ import pytest
 
 from recovery import cli
 from recovery.format.layout import METRICS_FILE
-from recovery.integrity.trust import KEY_ENV
+from recovery.integrity.keys.trust import KEY_ENV
 from recovery.run.journal import read
 from tests.integration.conftest import ROOT, run_killed_at
 from tests.integration.test_plain_loop import BLOCK

@@ -18,7 +18,7 @@ import safetensors.torch
 import torch
 
 from recovery.format.layout import METRICS_FILE, step_dir_name
-from recovery.integrity.trust import KEY_ENV
+from recovery.integrity.keys.trust import KEY_ENV
 from tests import launcher
 from tests.integration.conftest import STEPS
 from tests.unit import torchfiles

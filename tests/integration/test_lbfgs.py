@@ -11,7 +11,7 @@ from pathlib import Path
 import torch
 
 from recovery.format.layout import step_dir_name
-from recovery.integrity.trust import KEY_ENV
+from recovery.integrity.keys.trust import KEY_ENV
 from recovery.run.journal import effective_steps
 from recovery.run.restoring import choose
 from recovery.tools.drill import flat_tensors

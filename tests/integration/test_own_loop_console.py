@@ -11,7 +11,7 @@ import subprocess
 import sys
 from pathlib import Path
 
-from recovery.integrity.trust import KEY_ENV
+from recovery.integrity.keys.trust import KEY_ENV
 from tests import launcher
 from tests.integration.conftest import run_killed_at
 

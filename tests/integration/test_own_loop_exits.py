@@ -14,7 +14,7 @@ import pytest
 
 from recovery import faults
 from recovery.format.layout import METRICS_FILE, scan
-from recovery.integrity.trust import KEY_ENV
+from recovery.integrity.keys.trust import KEY_ENV
 from recovery.run.journal import read
 from tests import launcher
 from tests.integration.conftest import ROOT

@@ -139,7 +139,7 @@ def test_dvc_repro_exports_then_does_nothing_then_reexports_after_training(proje
     serve = (
         "import sys, json; sys.modules['recipes'] = None\n"
         "from recovery import load_inference\n"
-        "from recovery.integrity.signing import TrustStore\n"
+        "from recovery.integrity.keys.signing import TrustStore\n"
         "t = TrustStore.from_paths([__import__('pathlib').Path(sys.argv[2])])\n"
         "p = load_inference(sys.argv[1], t)\n"
         "u, i = json.loads(sys.argv[3])\n"
@@ -186,7 +186,7 @@ def _ids(proj: Path) -> tuple[torch.Tensor, torch.Tensor]:
 
 
 def _trust(signer):
-    from recovery.integrity.signing import TrustStore
+    from recovery.integrity.keys.signing import TrustStore
 
     store = TrustStore()
     store.add_pem(signer.public_pem, source="test")

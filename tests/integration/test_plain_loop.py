@@ -12,8 +12,8 @@ import pytest
 import torch
 
 from recovery.format.layout import step_dir_name
-from recovery.integrity.signing import TrustStore
-from recovery.integrity.trust import KEY_ENV
+from recovery.integrity.keys.signing import TrustStore
+from recovery.integrity.keys.trust import KEY_ENV
 from recovery.run.journal import effective_steps, read
 from recovery.run.restoring import choose
 from recovery.tools.drill import flat_tensors

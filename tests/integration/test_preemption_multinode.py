@@ -16,7 +16,7 @@ import pytest
 
 from recovery import faults
 from recovery.format.layout import METRICS_FILE, scan
-from recovery.integrity.trust import KEY_ENV
+from recovery.integrity.keys.trust import KEY_ENV
 from recovery.run.journal import read
 from tests.integration.conftest import ROOT, SMALL
 from tests.integration.slurm_cluster import SlurmCluster, live, running

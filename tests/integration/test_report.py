@@ -21,7 +21,7 @@ from pathlib import Path
 import pytest
 
 from recovery import cli
-from recovery.integrity.trust import KEY_ENV
+from recovery.integrity.keys.trust import KEY_ENV
 from tests import launcher, system
 from tests.integration.conftest import run_killed_at
 

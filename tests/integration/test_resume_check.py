@@ -21,10 +21,10 @@ import pytest
 import torch
 
 from recovery import cli
-from recovery.cli.listing import resume_checks
+from recovery.cli.commands.listing import resume_checks
 from recovery.format.layout import METRICS_FILE, SIGNATURE_FILE, scan, step_dir_name
-from recovery.integrity.signing import TrustStore
-from recovery.integrity.trust import KEY_ENV
+from recovery.integrity.keys.signing import TrustStore
+from recovery.integrity.keys.trust import KEY_ENV
 from recovery.run.journal import read
 from recovery.run.restoring import choose
 from recovery.state.registry import DROP_ENV

@@ -17,8 +17,8 @@ import pytest
 
 from recovery import faults
 from recovery.format.layout import METRICS_FILE, scan, step_dir_name
-from recovery.integrity.lock import LOCK_FILE
-from recovery.integrity.trust import KEY_ENV
+from recovery.integrity.commits.lock import LOCK_FILE
+from recovery.integrity.keys.trust import KEY_ENV
 from tests import launcher
 from tests.integration.conftest import SMALL, STEPS, TRAIN, assert_same_run
 

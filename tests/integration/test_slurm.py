@@ -14,9 +14,9 @@ from pathlib import Path
 import pytest
 
 from recovery import faults
-from recovery.cli.listing import history_lines, run_story
+from recovery.cli.commands.listing import history_lines, run_story
 from recovery.format.layout import METRICS_FILE, scan
-from recovery.integrity.trust import KEY_ENV
+from recovery.integrity.keys.trust import KEY_ENV
 from recovery.run.journal import read
 from tests.integration.conftest import ROOT, SMALL, assert_same_run
 from tests.integration.slurm_cluster import SlurmCluster, live, running

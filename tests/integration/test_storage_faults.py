@@ -25,8 +25,9 @@ import pytest
 from recipes.data import META_FILE
 from recovery import faults
 from recovery.format.layout import METRICS_FILE, parse_step, step_dir_name
-from recovery.integrity import full, reader
-from recovery.integrity.trust import KEY_ENV
+from recovery.integrity.commits import full
+from recovery.integrity.keys.trust import KEY_ENV
+from recovery.integrity.reads import reader
 from tests import launcher
 from tests.conftest import once
 from tests.integration.conftest import SMALL, TRAIN

@@ -12,7 +12,7 @@ import psutil
 import pytest
 
 from recovery.format.layout import METRICS_FILE, step_dir_name
-from recovery.integrity import listed
+from recovery.integrity.reads import listed
 from tests.integration import test_elastic as elastic
 from tests.integration.test_distributed import assert_same_job
 from tests.integration.test_elastic import PAUSE, Agent, committed, free_port

@@ -17,7 +17,7 @@ import numpy as np
 import pytest
 
 from recovery.format.layout import METRICS_FILE, step_dir_name
-from recovery.integrity.reader import read_manifest
+from recovery.integrity.reads.reader import read_manifest
 from recovery.run.journal import effective_steps, read
 from tests.integration.conftest import SMALL, STEPS, recovery_export
 

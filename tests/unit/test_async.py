@@ -14,8 +14,8 @@ import torch.multiprocessing as mp
 from recovery.config import CheckpointConfig
 from recovery.errors import CommitError, Preempted
 from recovery.format.layout import scan, step_dir_name
-from recovery.integrity import commit
-from recovery.integrity.signing import Signer, TrustStore
+from recovery.integrity.commits import commit
+from recovery.integrity.keys.signing import Signer, TrustStore
 from recovery.parallel import sharded
 from recovery.parallel import world as distributed
 from recovery.run.checkpointer import Checkpointer

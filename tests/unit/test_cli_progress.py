@@ -5,7 +5,7 @@ from __future__ import annotations
 import json
 
 from recovery import cli
-from recovery.cli import reading
+from recovery.cli.commands import reading
 
 
 def test_verify_of_a_large_checkpoint_says_what_it_reads_on_stderr(

@@ -6,7 +6,8 @@ import pytest
 
 from recovery.errors import CommitError, StorageError
 from recovery.format.layout import scan, step_dir_name
-from recovery.integrity import commit, reader
+from recovery.integrity.commits import commit
+from recovery.integrity.reads import reader
 from tests.conftest import commit_state, tiny_state
 
 
@@ -101,7 +102,7 @@ def test_discard_renames_before_deleting(tmp_path, signer, monkeypatch):
 
 
 def test_discard_on_a_reaper_renames_at_once_and_deletes_on_its_thread(tmp_path, monkeypatch):
-    from recovery.integrity.reaping import Reaper
+    from recovery.integrity.commits.reaping import Reaper
 
     victim = tmp_path / "step-00000001"
     victim.mkdir()

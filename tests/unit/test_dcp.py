@@ -14,8 +14,9 @@ import torch
 
 from recovery.errors import FormatError, VerificationError
 from recovery.format.layout import step_dir_name
-from recovery.integrity import commit, reader
-from recovery.integrity.dcp import VerifiedReader
+from recovery.integrity.commits import commit
+from recovery.integrity.reads import reader
+from recovery.integrity.reads.dcp import VerifiedReader
 from recovery.parallel import sharded
 from tests import launcher
 
@@ -134,7 +135,7 @@ def test_the_hashing_writer_records_the_sha256_of_every_file_dcp_wrote(tmp_path)
     from torch.distributed.checkpoint.state_dict_loader import load as dcp_load
     from torch.distributed.checkpoint.state_dict_saver import save as dcp_save
 
-    from recovery.integrity.dcp import HashingWriter
+    from recovery.integrity.reads.dcp import HashingWriter
 
     state = {"w": torch.randn(300, 7), "b": torch.arange(11), "nested": {"x": torch.ones(5)}}
     writer = HashingWriter(tmp_path / "dcp")
@@ -157,7 +158,7 @@ def test_the_hashing_writer_records_the_sha256_of_every_file_dcp_wrote(tmp_path)
 def test_a_file_that_changes_while_dcp_writes_it_is_refused_not_recorded(tmp_path):
     """The digest is of the file read back, so a file cut short by someone else between
     DCP's write and its close is caught: its size no longer matches what was written."""
-    from recovery.integrity.dcp import HashingWriter
+    from recovery.integrity.reads.dcp import HashingWriter
 
     writer = HashingWriter(tmp_path)
     target = tmp_path / "shard.distcp"
@@ -171,7 +172,7 @@ def test_a_file_that_changes_while_dcp_writes_it_is_refused_not_recorded(tmp_pat
 
 def test_the_hashing_writer_fsyncs_every_file_itself(tmp_path, monkeypatch):
     """DCP's own fsync is off (sync_files=False), so each stream must fsync its file."""
-    import recovery.integrity.dcp as dcp_module
+    import recovery.integrity.reads.dcp as dcp_module
 
     synced: list[int] = []
     real = os.fsync

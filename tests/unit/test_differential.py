@@ -314,7 +314,7 @@ def test_verify_refuses_the_delta_rows_the_loader_refuses_without_torch(
     from recovery.errors import FormatError
     from recovery.format import safeheader
     from recovery.format.statedoc import ROWS
-    from recovery.integrity.signing import Signer, TrustStore, generate_keypair
+    from recovery.integrity.keys.signing import Signer, TrustStore, generate_keypair
     from recovery.run.restoring import checked
     from tests.conftest import resign
 

@@ -19,7 +19,8 @@ from recovery.errors import (
 )
 from recovery.format import tensorfile
 from recovery.format.manifest import FileRecord
-from recovery.integrity import commit, reader
+from recovery.integrity.commits import commit
+from recovery.integrity.reads import reader
 from recovery.parallel import multirank, sharded
 from recovery.parallel import world as distributed
 from recovery.parallel.collectives import Group

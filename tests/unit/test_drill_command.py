@@ -10,7 +10,7 @@ import psutil
 import pytest
 
 from recovery import cli
-from recovery.cli.drill import command_of
+from recovery.cli.commands.drill import command_of
 from recovery.errors import ConfigError
 from recovery.tools import killpoints
 from recovery.tools.drill import command as drill_command

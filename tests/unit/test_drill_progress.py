@@ -7,7 +7,7 @@ import random
 import pytest
 
 from recovery import progress
-from recovery.cli.drill import KILLS
+from recovery.cli.commands.drill import KILLS
 from recovery.cli.main import build_parser
 from recovery.tools import drill, killpoints
 from recovery.tools.drill.pace import Pace, describe, run_steps

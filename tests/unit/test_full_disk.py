@@ -11,7 +11,7 @@ import pytest
 
 from recovery.errors import CommitError, StorageError
 from recovery.exitcodes import exit_code
-from recovery.integrity import commit, full
+from recovery.integrity.commits import commit, full
 from recovery.run.saving import retention
 from tests.conftest import tiny_state, train_steps
 from tests.unit.test_async import make

@@ -88,7 +88,7 @@ def test_a_resume_reads_the_journal_once_and_chains_onto_the_tip_it_found(
     """The start's history read finds the sealed chain's tip; the journal chains the
     resume's events onto it without reading the file again, and the chain verifies."""
     from recovery.config import CheckpointConfig
-    from recovery.integrity import seal
+    from recovery.integrity.keys import seal
     from recovery.run import journal as journal_mod
     from recovery.run.checkpointer import Checkpointer
     from tests.conftest import tiny_state, train_steps

@@ -11,14 +11,14 @@ import pytest
 from recovery import cli
 from recovery.errors import RunDirLockedError
 from recovery.format.layout import step_dir_name
-from recovery.integrity.lock import LOCK_FILE, RunLock
+from recovery.integrity.commits.lock import LOCK_FILE, RunLock
 from tests import launcher
 from tests.unit.test_checkpointer import _keys, run  # noqa: F401 - _keys: an autouse fixture
 
 HOLDER = """
 import sys, time
 from pathlib import Path
-from recovery.integrity.lock import RunLock
+from recovery.integrity.commits.lock import RunLock
 lock = RunLock.acquire(Path(sys.argv[1]))
 print("held", flush=True)
 time.sleep(60)
@@ -77,7 +77,7 @@ def test_a_forked_child_that_outlives_its_writer_holds_no_lock(tmp_path):
     script = """
 import os, sys, time
 from pathlib import Path
-from recovery.integrity.lock import RunLock
+from recovery.integrity.commits.lock import RunLock
 lock = RunLock.acquire(Path(sys.argv[1]))
 if os.fork() == 0:
     time.sleep(30)  # the orphan

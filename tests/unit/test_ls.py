@@ -14,7 +14,7 @@ import sys
 from pathlib import Path
 
 from recovery.format.layout import step_dir_name
-from recovery.integrity import commit
+from recovery.integrity.commits import commit
 from recovery.state import snapshot
 from recovery.storage import tracking
 from tests import launcher

@@ -7,7 +7,7 @@ import pytest
 
 from recovery.errors import RunDirLockedError, UnsafePathError
 from recovery.integrity import nofollow
-from recovery.integrity.lock import LOCK_FILE, RunLock, check_held
+from recovery.integrity.commits.lock import LOCK_FILE, RunLock, check_held
 from recovery.run.journal import Journal
 
 

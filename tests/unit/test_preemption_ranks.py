@@ -16,7 +16,7 @@ import torch.multiprocessing as mp
 
 from recovery.config import CheckpointConfig, ClusterConfig
 from recovery.errors import Preempted
-from recovery.integrity.signing import Signer, TrustStore
+from recovery.integrity.keys.signing import Signer, TrustStore
 from recovery.parallel import world as distributed
 from recovery.run.checkpointer import Checkpointer
 from recovery.run.journal import read

@@ -28,7 +28,7 @@ from recovery.errors import (
     UntrustedSignerError,
 )
 from recovery.format.layout import SIGNATURE_FILE
-from recovery.integrity import reader
+from recovery.integrity.reads import reader
 from recovery.run.checkpointer import Checkpointer
 from recovery.run.restoring import checked
 from recovery.state import rng, snapshot

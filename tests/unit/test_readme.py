@@ -149,7 +149,7 @@ class _Pairs:
 
 def state_at(run_dir, step):
     from recovery.format.layout import step_dir_name
-    from recovery.integrity.signing import TrustStore
+    from recovery.integrity.keys.signing import TrustStore
     from recovery.run.restoring import choose
 
     path = run_dir / step_dir_name(step)

@@ -17,7 +17,7 @@ from recovery import faults
 from recovery.config import CheckpointConfig, LocalConfig, ResumeCheckConfig
 from recovery.errors import CommitError, ConfigError, FormatError, StorageError
 from recovery.format.layout import parse_step, scan, step_dir_name
-from recovery.integrity import listed
+from recovery.integrity.reads import listed
 from recovery.parallel import replicas, transfer
 from recovery.parallel.world import World
 from recovery.run.checkpointer import Checkpointer

@@ -386,7 +386,7 @@ def test_the_drill_labels_each_kill_with_its_phase_and_stacks_kills_at_one_step(
 
 
 def test_the_drill_command_writes_drill_html_beside_the_png(tmp_path, monkeypatch, capsys):
-    from recovery.cli import drill as drill_cli
+    from recovery.cli.commands import drill as drill_cli
 
     _journal(tmp_path / "reference" / "run", [{"step": 1, "loss": 1.0}])
     _journal(tmp_path / "victim" / "run", [{"step": 1, "loss": 1.0}])
@@ -412,7 +412,7 @@ def test_a_crafted_lineage_loop_cannot_hang_the_layout():
 def test_a_checkpoint_by_an_untrusted_key_is_a_failure_not_a_signer(tmp_path, keys):
     """The page's signer column comes from verified statements only."""
     from recovery.errors import UntrustedSignerError
-    from recovery.integrity.signing import TrustStore
+    from recovery.integrity.keys.signing import TrustStore
 
     run_dir = _run(tmp_path / "ck", "r", 4, keys)
     built = report.build(run_dir, TrustStore())  # trusts nothing

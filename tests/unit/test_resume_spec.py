@@ -13,7 +13,7 @@ from recovery import cli
 from recovery.cli.codes import exit_code
 from recovery.errors import CheckpointNotFoundError, ConfigError, ManifestError
 from recovery.format.layout import METRICS_FILE, SIGNATURE_FILE, step_dir_name
-from recovery.integrity.trust import KEY_ENV
+from recovery.integrity.keys.trust import KEY_ENV
 from recovery.run.restoring import choose
 from tests import launcher
 from tests.conftest import commit_state, tiny_state

@@ -10,7 +10,8 @@ import time
 import pytest
 
 from recovery.format.layout import BEST_DIR, scan, step_dir_name
-from recovery.integrity import commit, reader
+from recovery.integrity.commits import commit
+from recovery.integrity.reads import reader
 from recovery.run.restoring import choose
 from recovery.run.saving import retention
 from tests import launcher
@@ -66,8 +67,8 @@ def test_the_best_copy_of_a_nested_checkpoint_verifies_and_survives_its_source(
 KILL_BEST = """
 import sys
 from pathlib import Path
-from recovery.integrity import reader
-from recovery.integrity.signing import TrustStore
+from recovery.integrity.reads import reader
+from recovery.integrity.keys.signing import TrustStore
 from recovery.run.saving import retention
 run_dir, final, keys = Path(sys.argv[1]), Path(sys.argv[2]), Path(sys.argv[3])
 trust = TrustStore.from_paths([keys])

@@ -9,7 +9,7 @@ import signal
 
 import pytest
 
-from recovery.cli.listing import history_lines, run_story
+from recovery.cli.commands.listing import history_lines, run_story
 from recovery.config import CheckpointConfig, ClusterConfig
 from recovery.errors import ConfigError, Preempted
 from recovery.run.checkpointer import Checkpointer

@@ -8,8 +8,8 @@ import pytest
 
 from recovery.errors import RollbackError
 from recovery.format.layout import step_dir_name
-from recovery.integrity import seal
-from recovery.integrity.signing import TrustStore
+from recovery.integrity.keys import seal
+from recovery.integrity.keys.signing import TrustStore
 from recovery.run.journal import Journal, read, read_numbered
 from recovery.run.restoring import history
 from tests.conftest import make_signer

@@ -16,8 +16,9 @@ import recovery
 from recovery.errors import DigestMismatchError, FormatError, ManifestError, TruncatedFileError
 from recovery.format import digests, manifest, shards
 from recovery.format.layout import SIGNATURE_FILE, step_dir_name
-from recovery.integrity import commit, reader
-from recovery.integrity.signing import TrustStore
+from recovery.integrity.commits import commit
+from recovery.integrity.keys.signing import TrustStore
+from recovery.integrity.reads import reader
 from recovery.state import snapshot
 
 FIXTURE = Path(__file__).parents[1] / "fixtures" / "format-v1"

@@ -6,8 +6,8 @@ import subprocess
 import pytest
 
 from recovery import cli
-from recovery.integrity import reader
-from recovery.integrity.signing import TrustStore, pem_key_id
+from recovery.integrity.keys.signing import TrustStore, pem_key_id
+from recovery.integrity.reads import reader
 
 VARIANTS = {
     "as written": lambda pem: pem,

@@ -14,7 +14,7 @@ import pytest
 from recovery import faults
 from recovery.errors import CommitError, StorageError, UnsafePathError
 from recovery.format.layout import TEMP_MARK, scan, step_dir_name
-from recovery.integrity.private import PrivateDir
+from recovery.integrity.commits.private import PrivateDir
 from recovery.run.journal import read
 from recovery.run.restoring import choose
 from recovery.run.saving import retention

@@ -10,8 +10,8 @@ from recovery.config import SigningConfig
 from recovery.errors import SigningKeyError
 from recovery.exitcodes import exit_code
 from recovery.format.layout import step_dir_name
-from recovery.integrity import trust
-from recovery.integrity.signing import PRIVATE_KEY_FILE, PUBLIC_KEY_FILE, generate_keypair
+from recovery.integrity.keys import trust
+from recovery.integrity.keys.signing import PRIVATE_KEY_FILE, PUBLIC_KEY_FILE, generate_keypair
 from tests.conftest import commit_state, make_signer, tiny_state
 
 
@@ -64,7 +64,7 @@ def _project_checkpoint(tmp_path, monkeypatch):
 
 
 def test_a_projects_checkpoint_is_trusted_from_any_working_directory(tmp_path, monkeypatch):
-    from recovery.integrity import reader
+    from recovery.integrity.reads import reader
 
     monkeypatch.delenv(trust.KEY_ENV, raising=False)
     monkeypatch.delenv(trust.DEV_KEY_ENV, raising=False)
@@ -88,7 +88,7 @@ def test_a_key_found_beside_a_checkpoint_is_not_trusted_and_the_message_lists_th
     tmp_path, monkeypatch
 ):
     from recovery.errors import UntrustedSignerError
-    from recovery.integrity import reader
+    from recovery.integrity.reads import reader
 
     monkeypatch.delenv(trust.KEY_ENV, raising=False)
     monkeypatch.delenv(trust.DEV_KEY_ENV, raising=False)
@@ -149,7 +149,7 @@ def test_a_key_shipped_in_a_downloaded_tree_is_not_trusted_from_inside_it(tmp_pa
 def test_keys_are_made_private_whatever_the_umask_and_a_writable_registry_is_ignored(
     tmp_path, monkeypatch
 ):
-    from recovery.integrity import devkeys
+    from recovery.integrity.keys import devkeys
 
     monkeypatch.delenv(trust.KEY_ENV, raising=False)
     monkeypatch.delenv(trust.DEV_KEY_ENV, raising=False)

@@ -23,7 +23,7 @@ from recovery.errors import (
 )
 from recovery.format import bounded
 from recovery.format.layout import CONFIG_FILE, DISTRIBUTED, RANK_SNAPSHOT
-from recovery.integrity.signing import TrustStore
+from recovery.integrity.keys.signing import TrustStore
 from recovery.parallel import loading, sharded
 from recovery.parallel import world as distributed
 from recovery.parallel.world import World

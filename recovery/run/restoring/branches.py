@@ -20,7 +20,8 @@ from typing import Any
 
 from recovery import faults
 from recovery.format.layout import ABANDONED_DIR, scan
-from recovery.integrity import commit, nofollow
+from recovery.integrity import nofollow
+from recovery.integrity.commits import commit
 from recovery.run.restoring.history import History
 from recovery.storage import tracking
 

@@ -3,7 +3,7 @@
 :func:`check` verifies everything :func:`recovery.run.restoring.choose.load` verifies of
 a checkpoint (and of a delta's base) except what only decoding tensors can
 see: signature, trust, every file's size and digest, that ``state.json``
-claims every listed file (:func:`recovery.integrity.hashonly.check`); the state
+claims every listed file (:func:`recovery.integrity.reads.hashonly.check`); the state
 document and the structure the decoder would refuse, from the tensor files'
 headers (:func:`recovery.format.tensorrefs.check`), and a delta's row indexes from
 their verified bytes (in range, ascending, unique); the purpose contract. It never
@@ -20,8 +20,8 @@ from typing import Any, Protocol
 from recovery.format import statedoc, tensorrefs
 from recovery.format.layout import STATE_FILE
 from recovery.format.manifest import Manifest
-from recovery.integrity import chain, hashonly
-from recovery.integrity.signing import TrustStore
+from recovery.integrity.keys.signing import TrustStore
+from recovery.integrity.reads import chain, hashonly
 from recovery.provenance import purpose
 from recovery.storage import tracking
 

@@ -40,8 +40,8 @@ from recovery.errors import (
 )
 from recovery.format.layout import BEST_DIR, scan, step_dir_name
 from recovery.format.manifest import Manifest
-from recovery.integrity import chain
-from recovery.integrity.signing import TrustStore
+from recovery.integrity.keys.signing import TrustStore
+from recovery.integrity.reads import chain
 from recovery.provenance import purpose
 from recovery.run.restoring import checked, history
 from recovery.run.restoring.history import History
@@ -51,7 +51,7 @@ from recovery.storage import tracking
 if TYPE_CHECKING:  # the decoding reader and decoder import torch: load() imports them
     import torch
 
-    from recovery.integrity import reader
+    from recovery.integrity.reads import reader
     from recovery.state.snapshot import Decoded
 
 log = logging.getLogger(__name__)
@@ -85,7 +85,7 @@ class Loaded:
     @property
     def verified(self) -> reader.Verified:
         """Its own verified files (a delta's, without the base's)."""
-        from recovery.integrity import reader  # torch, as load() that made this
+        from recovery.integrity.reads import reader  # torch, as load() that made this
 
         return reader.Verified(self.path, self.manifest, self.files)
 
@@ -147,13 +147,14 @@ def load(
     """Verify signature, trust and every byte of ``path`` (of a delta, and of its base,
     fetched from DVC when only tracked there), decode them, check its contract.
 
-    ``defer``: files verified only when read (:func:`recovery.integrity.reader.read_verified`).
+    ``defer``: files verified only when read
+    (:func:`recovery.integrity.reads.reader.read_verified`).
 
     Raises:
         VerificationError (and subclasses; BrokenChainError: a delta's base is missing,
         damaged or replaced), FormatError, PurposeError.
     """
-    from recovery.integrity import reader  # torch: only a caller that decodes pays it
+    from recovery.integrity.reads import reader  # torch: only a caller that decodes pays it
     from recovery.state import snapshot
 
     verified = reader.read_verified(path, trust, allow_untrusted=allow_untrusted, defer=defer)

@@ -8,7 +8,7 @@ validly signed checkpoint planted in the directory (a scan would adopt it,
 run id and all: a *substitution*). These are small pure functions over the
 journal's records, so each case is a table test. A writer reads the journal
 with its trust store (:func:`read`): then only the steering events that are
-sealed and chained (:mod:`recovery.integrity.seal`) are believed, and every
+sealed and chained (:mod:`recovery.integrity.keys.seal`) are believed, and every
 other one is named in a loud warning and ignored.
 """
 
@@ -21,8 +21,8 @@ from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import Any
 
-from recovery.integrity import seal
-from recovery.integrity.signing import TrustStore
+from recovery.integrity.keys import seal
+from recovery.integrity.keys.signing import TrustStore
 from recovery.run import journal
 
 log = logging.getLogger(__name__)

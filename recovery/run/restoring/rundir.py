@@ -13,9 +13,9 @@ from pathlib import Path
 
 from recovery.errors import RecoveryError, StorageError
 from recovery.format.layout import refuse_reuse as refuse_reuse  # the run's check
-from recovery.integrity import commit
-from recovery.integrity.lock import RunLock
-from recovery.integrity.signing import TrustStore
+from recovery.integrity.commits import commit
+from recovery.integrity.commits.lock import RunLock
+from recovery.integrity.keys.signing import TrustStore
 from recovery.parallel import world as distributed
 from recovery.parallel.world import World
 from recovery.run.restoring import branches, history

@@ -22,7 +22,7 @@ from typing import Any
 from recovery.config import CheckpointConfig, HealthConfig
 from recovery.errors import VerificationError
 from recovery.format.layout import METRICS_FILE, is_dcp_shard
-from recovery.integrity.lock import RunLock
+from recovery.integrity.commits.lock import RunLock
 from recovery.parallel import sharded
 from recovery.parallel import world as distributed
 from recovery.parallel.world import World
@@ -329,7 +329,7 @@ class Restorer:
     def release(self, *, tidy: bool = False) -> None:
         """End what a begun run holds: a self-check not finished says how far it got, the
         watch stops, the guard is uninstalled and the lock dropped (``tidy``: a refused
-        start, see :meth:`~recovery.integrity.lock.RunLock.release`)."""
+        start, see :meth:`~recovery.integrity.commits.lock.RunLock.release`)."""
         if self._check is not None:
             self._check.finish()
             self._check = None

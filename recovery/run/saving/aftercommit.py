@@ -13,7 +13,7 @@ from pathlib import Path
 
 from recovery.config import CheckpointConfig
 from recovery.format.manifest import Manifest
-from recovery.integrity.reaping import Reaper
+from recovery.integrity.commits.reaping import Reaper
 from recovery.provenance import lineage
 from recovery.run.journal import Journal
 from recovery.run.saving import retention

@@ -20,7 +20,7 @@ from recovery import faults
 from recovery.config import CheckpointConfig
 from recovery.errors import CommitError, Preempted, PurposeError
 from recovery.format.layout import WARM_START_DIR, step_dir_name
-from recovery.integrity.signing import Signer
+from recovery.integrity.keys.signing import Signer
 from recovery.parallel import world as distributed
 from recovery.provenance import purpose
 from recovery.provenance.purpose import PurposeSpec

@@ -17,9 +17,11 @@ from recovery.config import CheckpointConfig
 from recovery.errors import ConfigError, RecoveryError
 from recovery.format.layout import BEST_DIR, parse_step, scan, temp_dir_for
 from recovery.format.manifest import Manifest
-from recovery.integrity import chain, commit, nofollow, reader
-from recovery.integrity.reaping import Reaper
-from recovery.integrity.signing import TrustStore
+from recovery.integrity import nofollow
+from recovery.integrity.commits import commit
+from recovery.integrity.commits.reaping import Reaper
+from recovery.integrity.keys.signing import TrustStore
+from recovery.integrity.reads import chain, reader
 from recovery.run import policy
 from recovery.run.tiers import rules
 

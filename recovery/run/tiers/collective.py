@@ -1,7 +1,7 @@
 """Promotion under ``torchrun``: the ranks' local snapshots of a step become one persistent
 checkpoint, written collectively in the background (issue 30, part 2).
 
-In one process a promotion copies the snapshot's files (:mod:`recovery.integrity.promote`):
+In one process a promotion copies the snapshot's files (:mod:`recovery.integrity.commits.promote`):
 the persistent checkpoint is the same files. Under ``torchrun`` the persistent tier has
 another layout than a rank's snapshot (DCP's shards of every rank, each rank's RNG streams
 in ``ranks/``, rank 0's replicated components: :mod:`recovery.parallel.multirank`, so that
@@ -39,8 +39,8 @@ from typing import Any
 from recovery.errors import CommitError, FormatError, RecoveryError, SignatureError
 from recovery.format.layout import CONFIG_FILE, RANK_SNAPSHOT
 from recovery.format.manifest import Manifest
-from recovery.integrity import listed, reader
-from recovery.integrity.signing import Signer, TrustStore
+from recovery.integrity.keys.signing import Signer, TrustStore
+from recovery.integrity.reads import listed, reader
 from recovery.parallel import rankstate
 from recovery.parallel import world as distributed
 from recovery.parallel.collectives import Group

@@ -1,7 +1,7 @@
 """Promotion in one process: a local snapshot's files copied into the run directory
 (issue 30, part 2; under ``torchrun``: :mod:`recovery.run.tiers.collective`).
 
-The copy is :func:`recovery.integrity.promote.promote` (each file hashed as it is written
+The copy is :func:`recovery.integrity.commits.promote.promote` (each file hashed as it is written
 and compared with the snapshot's signed digests, committed under a statement signed again:
 ``tier`` dropped, ``promoted: true``; the same files, so the same root digest), on the
 local tier's promotion thread; then the commit is reported to the checkpointer as a
@@ -15,8 +15,8 @@ from collections.abc import Callable
 from pathlib import Path
 
 from recovery.format.manifest import Manifest
-from recovery.integrity import promote
-from recovery.integrity.signing import Signer
+from recovery.integrity.commits import promote
+from recovery.integrity.keys.signing import Signer
 from recovery.run.tiers.rules import Pins
 from recovery.run.writing.background import BackgroundWriter
 from recovery.run.writing.job import SaveJob

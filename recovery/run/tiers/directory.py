@@ -1,7 +1,7 @@
 """The local tier's directory of one rank: made private, checked, refused for reuse, removed.
 
 :class:`~recovery.run.tiers.snapshots.LocalTier` writes and reads snapshots there; this is the
-directory's life (:mod:`recovery.integrity.private` for what "private" means).
+directory's life (:mod:`recovery.integrity.commits.private` for what "private" means).
 """
 
 from __future__ import annotations
@@ -16,7 +16,7 @@ from typing import Any
 
 from recovery.errors import RecoveryError, RunDirInUseError, UnsafePathError
 from recovery.format.layout import scan
-from recovery.integrity import commit, private
+from recovery.integrity.commits import commit, private
 from recovery.run.tiers import rules
 
 log = logging.getLogger(__name__)

@@ -47,8 +47,9 @@ from torch import Tensor
 from recovery.config import LocalConfig
 from recovery.errors import ConfigError, RecoveryError, StorageError
 from recovery.format.layout import scan, step_dir_name
-from recovery.integrity import commit, listed, private
-from recovery.integrity.signing import TrustStore
+from recovery.integrity.commits import commit, private
+from recovery.integrity.keys.signing import TrustStore
+from recovery.integrity.reads import listed
 from recovery.parallel import rankstate, replicas, transfer
 from recovery.parallel import world as distributed
 from recovery.parallel.collectives import Group

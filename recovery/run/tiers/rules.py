@@ -8,7 +8,7 @@ Design (issue 30):
   temp names while writing), derived from the run directory's path and not from
   the run id, so a restarted process finds it before it knows which run it
   resumes. The run directory's lock keeps a second writer of the run out; other
-  users of a shared ``/dev/shm`` are kept out by :mod:`recovery.integrity.private`
+  users of a shared ``/dev/shm`` are kept out by :mod:`recovery.integrity.commits.private`
   (every directory from the root down this user's, 0700, no link, held open and
   re-checked before each write and before it is removed).
 - **What a snapshot is.** A continuation checkpoint in every respect: the same
@@ -78,7 +78,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from recovery.errors import ConfigError, StorageError
-from recovery.integrity import private
+from recovery.integrity.commits import private
 
 LOCAL = "local"
 PERSISTENT = "persistent"
@@ -89,7 +89,7 @@ one being written."""
 
 def local_dir(root: str | Path, run_dir: Path, rank: int) -> Path:
     """This rank's local-tier directory for ``run_dir``: one per run directory and rank
-    (``root``'s ``{uid}`` and ``~`` expanded: :func:`recovery.integrity.private.expand`)."""
+    (``root``'s ``{uid}`` and ``~`` expanded: :func:`recovery.integrity.commits.private.expand`)."""
     resolved = Path(run_dir).resolve()
     tag = hashlib.sha256(str(resolved).encode()).hexdigest()[:12]
     return private.expand(root) / f"{resolved.name}-{tag}" / f"rank{rank}"

@@ -24,8 +24,9 @@ from typing import Any
 from recovery.config import LocalConfig
 from recovery.errors import RecoveryError, SignatureError
 from recovery.format.layout import RANK_SNAPSHOT, step_dir_name
-from recovery.integrity import commit, listed
-from recovery.integrity.signing import Signer, TrustStore
+from recovery.integrity.commits import commit
+from recovery.integrity.keys.signing import Signer, TrustStore
+from recovery.integrity.reads import listed
 from recovery.parallel.world import SINGLE, World
 from recovery.run.tiers import collective, peers, room, rules
 from recovery.run.tiers.collective import RankPromotion

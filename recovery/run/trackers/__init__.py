@@ -105,7 +105,7 @@ def register_export(
     """
     if not cfg.mlflow.enabled:
         return None
-    from recovery.integrity import trust
+    from recovery.integrity.keys import trust
     from recovery.run.trackers import exports
 
     keys = trust.resolve_trust(signing, trust.resolve_signer(signing))

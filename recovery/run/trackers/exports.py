@@ -14,7 +14,7 @@ from __future__ import annotations
 from pathlib import Path
 
 from recovery.format.layout import METRICS_FILE
-from recovery.integrity.signing import TrustStore
+from recovery.integrity.keys.signing import TrustStore
 from recovery.run.trackers.config import MlflowConfig
 from recovery.run.trackers.mlflow import RUN_TAG, client_for, experiment, find_run
 
@@ -30,7 +30,7 @@ def register_export(
         VerificationError: ``out`` is not an artifact signed by a key of ``trust``.
         Exception: whatever the MLflow client raises (the caller warns).
     """
-    from recovery.integrity.reader import read_manifest
+    from recovery.integrity.reads.reader import read_manifest
 
     mf = read_manifest(out, trust)
     rec = mf.recovery

@@ -54,7 +54,7 @@ class BackgroundWriter:
     def raise_if_failed(self) -> None:
         """Raise the error of a finished background save, once: a
         :class:`~recovery.errors.StorageError` as it is (a full disk says the same whichever
-        thread met it, :mod:`recovery.integrity.full`) and the others of :data:`OWN_CODE` as
+        thread met it, :mod:`recovery.integrity.commits.full`) and the others of :data:`OWN_CODE` as
         they are, any other wrapped in a CommitError."""
         job = self._pending
         if job is not None and job.done():

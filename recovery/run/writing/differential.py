@@ -27,7 +27,7 @@ import torch
 from recovery.config import DifferentialConfig
 from recovery.format import delta
 from recovery.format.manifest import Manifest
-from recovery.integrity import chain
+from recovery.integrity.reads import chain
 from recovery.state import snapshot
 
 log = logging.getLogger(__name__)
@@ -156,7 +156,7 @@ class Differential:
         delta finds its base beside it.
 
         Args:
-            verified: the resumed checkpoint's :class:`~recovery.integrity.reader.Verified`.
+            verified: the resumed checkpoint's :class:`~recovery.integrity.reads.reader.Verified`.
             base: a delta's verified base, else ``None``.
             decoded: the resumed checkpoint, decoded.
         """

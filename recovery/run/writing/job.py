@@ -21,8 +21,9 @@ import torch
 
 from recovery.format import codec, digests
 from recovery.format.manifest import FileRecord, Manifest
-from recovery.integrity import chain, commit
-from recovery.integrity.signing import Signer
+from recovery.integrity.commits import commit
+from recovery.integrity.keys.signing import Signer
+from recovery.integrity.reads import chain
 from recovery.provenance import purpose
 from recovery.run.status import Identity
 from recovery.run.writing.differential import Plan

@@ -20,8 +20,8 @@ from typing import Any
 
 from recovery.errors import StorageError
 from recovery.format.manifest import FileRecord, Manifest
-from recovery.integrity import full
-from recovery.integrity.signing import Signer
+from recovery.integrity.commits import full
+from recovery.integrity.keys.signing import Signer
 from recovery.parallel import multirank, sharded
 from recovery.parallel import world as distributed
 from recovery.parallel.collectives import WORLD, Collectives, Group
@@ -89,7 +89,7 @@ class Inline:
 
         Raises:
             PurposeError, CommitError: nothing was committed; earlier checkpoints are intact.
-            StorageError: the disk is full (:func:`recovery.integrity.full.refused`).
+            StorageError: the disk is full (:func:`recovery.integrity.commits.full.refused`).
         """
         return self.write_tree(job, state.state_dict(), waited=waited)
 
@@ -118,7 +118,7 @@ class Inline:
             self.committed(job, mf, cost)
         except Exception as err:
             # a full disk met by the commit or by what follows it (the journal's record): one
-            # error, whichever it was and on whichever thread (recovery.integrity.full)
+            # error, whichever it was and on whichever thread (recovery.integrity.commits.full)
             no_room = full.cause(err)
             if no_room is None or isinstance(err, StorageError):
                 raise

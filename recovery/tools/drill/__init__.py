@@ -35,8 +35,8 @@ from typing import Any
 
 from recovery.errors import DrillError
 from recovery.format.layout import DISTRIBUTED, METRICS_FILE, step_dir_name
-from recovery.integrity import reader
-from recovery.integrity.signing import TrustStore
+from recovery.integrity.keys.signing import TrustStore
+from recovery.integrity.reads import reader
 from recovery.provenance import purpose
 from recovery.run.restoring import choose
 from recovery.state.sampler import ResumableSampler

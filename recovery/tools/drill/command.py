@@ -45,7 +45,7 @@ from pathlib import Path
 from recovery import faults
 from recovery.errors import ConfigError
 from recovery.format.layout import METRICS_FILE, step_dir_name
-from recovery.integrity.signing import TrustStore
+from recovery.integrity.keys.signing import TrustStore
 from recovery.run.journal import effective_steps, read
 from recovery.storage import tracking
 from recovery.tools import killpoints

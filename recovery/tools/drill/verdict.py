@@ -18,7 +18,7 @@ from typing import Any
 import torch
 
 from recovery.format.layout import METRICS_FILE
-from recovery.integrity.signing import TrustStore
+from recovery.integrity.keys.signing import TrustStore
 from recovery.run.journal import effective_steps, read
 from recovery.run.monitoring import fingerprint
 from recovery.run.restoring import choose

@@ -11,7 +11,7 @@ from pathlib import Path
 
 from recovery.errors import CheckpointNotFoundError, RecoveryError
 from recovery.format.layout import ABANDONED_DIR, BEST_DIR, METRICS_FILE, WARM_START_DIR, scan
-from recovery.integrity.signing import TrustStore
+from recovery.integrity.keys.signing import TrustStore
 from recovery.run.journal import effective_steps, read
 from recovery.storage import tracking
 from recovery.tools import audit

@@ -29,7 +29,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from recovery import access
-from recovery.integrity.signing import PUBLIC_KEY_FILE
+from recovery.integrity.keys.signing import PUBLIC_KEY_FILE
 
 log = logging.getLogger(__name__)
 

@@ -15,8 +15,8 @@ from typing import Any
 import yaml
 
 from recovery import errors
-from recovery.cli import tierrows
 from recovery.cli.codes import EXIT_CODES, exit_code
+from recovery.cli.commands import tierrows
 from recovery.cli.common import (
     add_trust_flags,
     emit,

@@ -5,8 +5,8 @@ its signature valid and its signer trusted (before anything else is read); the
 statement well formed; every listed name a plain relative path; no symlinks
 anywhere in the directory; no listed file missing; no unlisted file or
 directory present; each file's size the listed one. What reads the files
-next: :func:`recovery.integrity.reader.read_verified` (the bytes, for
-decoding) and :func:`recovery.integrity.hashonly.check` (digests and headers
+next: :func:`recovery.integrity.reads.reader.read_verified` (the bytes, for
+decoding) and :func:`recovery.integrity.reads.hashonly.check` (digests and headers
 only, no torch).
 """
 
@@ -33,8 +33,9 @@ from recovery.errors import (
 from recovery.format import manifest
 from recovery.format.layout import SIGNATURE_FILE, is_uncommitted, parse_step
 from recovery.format.manifest import FileRecord, Manifest
-from recovery.integrity import notcheckpoint, signing
-from recovery.integrity.signing import TrustStore
+from recovery.integrity.keys import signing
+from recovery.integrity.keys.signing import TrustStore
+from recovery.integrity.reads import notcheckpoint
 
 
 def read_nofollow(path: Path) -> bytes:
@@ -94,7 +95,8 @@ def read_manifest(path: Path, trust: TrustStore, *, allow_untrusted: bool = Fals
         CheckpointNotFoundError: ``path`` is no checkpoint: nothing there, a file, or a run
             directory (the message says which, and what to pass instead).
         ManifestError: no ``model.sig`` (an uncommitted directory) or a malformed statement.
-        SignatureError, UntrustedSignerError: see :func:`recovery.integrity.signing.verify_bundle`.
+        SignatureError, UntrustedSignerError: see
+            :func:`recovery.integrity.keys.signing.verify_bundle`.
         UnreadableFileError: ``model.sig`` or the directory cannot be read.
     """
     with readable(Path(path)):

@@ -1,7 +1,7 @@
 """Which key signs and which keys are trusted, from config and the environment.
 
 With no key configured, the development key is found by one search order, the same
-from any working directory (:mod:`recovery.integrity.devkeys`), and created on first
+from any working directory (:mod:`recovery.integrity.keys.devkeys`), and created on first
 use where a run asks (``train.py``: the working directory's ``.recovery/dev-key``,
 git-ignored) or in the per-user directory. It is trusted on this machine only, and
 marked as a dev key wherever a signer is shown. A run always trusts its own signer,
@@ -17,10 +17,11 @@ from pathlib import Path
 
 from recovery import access
 from recovery.config import SigningConfig
-from recovery.integrity import devkeys, nofollow
-from recovery.integrity.devkeys import DEV_KEY_ENV as DEV_KEY_ENV
-from recovery.integrity.devkeys import PROJECT_DEV_KEY as PROJECT_DEV_KEY
-from recovery.integrity.signing import (
+from recovery.integrity import nofollow
+from recovery.integrity.keys import devkeys
+from recovery.integrity.keys.devkeys import DEV_KEY_ENV as DEV_KEY_ENV
+from recovery.integrity.keys.devkeys import PROJECT_DEV_KEY as PROJECT_DEV_KEY
+from recovery.integrity.keys.signing import (
     KEY_REMEDY,
     PRIVATE_KEY_FILE,
     PUBLIC_KEY_FILE,
@@ -38,7 +39,7 @@ def dev_key_dir(
     configured: str | None = None, *, near: Iterable[Path] = (), fallback: Path | None = None
 ) -> Path:
     """The dev key directory: the first place of the search order
-    (:func:`recovery.integrity.devkeys.search`) that holds a key pair; else ``fallback``
+    (:func:`recovery.integrity.keys.devkeys.search`) that holds a key pair; else ``fallback``
     where given (``train.py``: its project's, so a project's runs sign with the project's
     key); else the per-user one (where a key is created when none exists)."""
     places = devkeys.search(configured, near)
@@ -111,7 +112,7 @@ def paired(signer: Signer) -> Signer:
         SigningKeyError: the public key beside it is another key's (or unreadable).
     """
     from recovery.errors import SigningKeyError
-    from recovery.integrity.signing import key_id, load_public_key
+    from recovery.integrity.keys.signing import key_id, load_public_key
 
     public = signer.path.with_name(PUBLIC_KEY_FILE)
     if signer.path.name != PRIVATE_KEY_FILE or not public.is_file():
@@ -135,7 +136,7 @@ def paired(signer: Signer) -> Signer:
 
 def _register(public: Path) -> None:
     """Copy a dev key made here into the registry of this machine's dev keys."""
-    from recovery.integrity.signing import key_id, load_public_key
+    from recovery.integrity.keys.signing import key_id, load_public_key
 
     pem = public.read_bytes()
     target = devkeys.registry() / f"{key_id(load_public_key(pem, where=str(public)))}.pub"

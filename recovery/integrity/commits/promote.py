@@ -5,7 +5,7 @@ file the snapshot's manifest lists is copied into a temp directory beside the
 persistent place, hashed while it is written, and compared with the digest
 that manifest records, so a byte changed in RAM since the snapshot committed
 fails the promotion and never reaches the disk. Then the commit protocol of
-:func:`recovery.integrity.commit.commit` (fault points ``promote-write-N``,
+:func:`recovery.integrity.commits.commit.commit` (fault points ``promote-write-N``,
 ``promote-before-manifest-N``, ``promote-before-rename-N``) signs a statement
 of those same files, with the snapshot's provenance, and renames it into
 place. The subject's root digest is a digest of the files alone, so the
@@ -26,8 +26,10 @@ from recovery.errors import CommitError, RecoveryError
 from recovery.format import tensorfile
 from recovery.format.layout import temp_dir_for
 from recovery.format.manifest import FileRecord, Manifest
-from recovery.integrity import commit, full, listed, lock, nofollow
-from recovery.integrity.signing import Signer
+from recovery.integrity import nofollow
+from recovery.integrity.commits import commit, full, lock
+from recovery.integrity.keys.signing import Signer
+from recovery.integrity.reads import listed
 
 CHUNK = tensorfile.CHUNK
 
@@ -78,7 +80,7 @@ def promote(
     Raises:
         DigestMismatchError: a file of the snapshot changed since it was committed.
         CommitError, StorageError, UnsafePathError, RunDirLockedError: as
-            :func:`recovery.integrity.commit.commit`; nothing was published.
+            :func:`recovery.integrity.commits.commit.commit`; nothing was published.
     """
     step = recovery["step"]
     tmp = temp_dir_for(final)

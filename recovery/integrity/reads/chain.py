@@ -88,8 +88,8 @@ def base_path(delta: Path, base: Base) -> Path:
 
 def read_base(delta: Path, mf: Manifest, verify: Callable[[Path], V]) -> V | None:
     """The verified base of the delta at ``delta`` (``None`` when ``mf`` is a full checkpoint),
-    as ``verify`` verifies a directory (:func:`recovery.integrity.reader.read_verified`, or
-    :func:`recovery.integrity.hashonly.check`, with the trust settings of the delta's).
+    as ``verify`` verifies a directory (:func:`recovery.integrity.reads.reader.read_verified`, or
+    :func:`recovery.integrity.reads.hashonly.check`, with the trust settings of the delta's).
 
     Raises:
         BrokenChainError: the base is missing, fails verification (its error quoted), is

@@ -6,11 +6,11 @@ storage reader opens. Handing it the directory after verifying it would leave
 a window in which a writer swaps a file between the hash and the load (no key
 needed: ``.metadata`` is a pickle). :class:`VerifiedReader` is a DCP storage
 reader whose file system is the dictionary of verified bytes that
-:func:`recovery.integrity.reader.read_verified` returned: every byte DCP
+:func:`recovery.integrity.reads.reader.read_verified` returned: every byte DCP
 deserialises is a byte that was hashed, and a name that was not verified is
 refused instead of read. Rejected: re-hashing the files just before DCP opens
 them (a smaller window is still a window). Under ``torchrun`` each rank defers
-the verification of the shards (:class:`~recovery.integrity.reader.Deferred`)
+the verification of the shards (:class:`~recovery.integrity.reads.reader.Deferred`)
 to the moment DCP asks for one: a rank reads and hashes only the shards its
 load plan reads, and DCP gets the very bytes that were just hashed.
 
@@ -47,7 +47,7 @@ from torch.distributed.checkpoint.filesystem import (
 from recovery.errors import FormatError
 from recovery.format import tensorfile
 from recovery.format.layout import DCP_DIR
-from recovery.integrity.reader import Deferred
+from recovery.integrity.reads.reader import Deferred
 
 
 class _VerifiedFiles(FileSystemBase):

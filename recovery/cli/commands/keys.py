@@ -7,7 +7,7 @@ from pathlib import Path
 from typing import Any
 
 from recovery.cli.common import emit
-from recovery.integrity import signing
+from recovery.integrity.keys import signing
 
 
 def cmd_keygen(args: argparse.Namespace) -> int:

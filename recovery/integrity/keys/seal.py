@@ -47,7 +47,7 @@ from collections.abc import Iterable
 from dataclasses import dataclass
 from typing import Any
 
-from recovery.integrity.signing import Signer, TrustStore
+from recovery.integrity.keys.signing import Signer, TrustStore
 
 STEERING = frozenset({"start", "warm_start", "resume", "checkpoint", "retired", "abandoned"})
 """Events whose content a resume acts on."""

@@ -218,7 +218,7 @@ class Signer:
 
     def sign_bytes(self, data: bytes) -> bytes:
         """A bare DER signature of ``data`` (deterministic): for records that are no
-        artifact, such as the journal's events (:mod:`recovery.integrity.seal`)."""
+        artifact, such as the journal's events (:mod:`recovery.integrity.keys.seal`)."""
         return self._key.sign(data, self._algorithm)
 
 

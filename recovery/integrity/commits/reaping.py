@@ -6,9 +6,9 @@ unsynced), and retention deletes one checkpoint per save: on the training
 thread that was most of the gap between a distributed commit and a bare
 ``dcp.save``. A directory is first renamed to a trash name (atomic; from then
 on no reader takes it for a checkpoint, see
-:func:`recovery.integrity.commit.discard`), then a :class:`Reaper`'s thread
+:func:`recovery.integrity.commits.commit.discard`), then a :class:`Reaper`'s thread
 deletes it. A process that dies first leaves only the trash directory, which
-the next start removes (:func:`recovery.integrity.commit.remove_stale`).
+the next start removes (:func:`recovery.integrity.commits.commit.remove_stale`).
 """
 
 from __future__ import annotations
@@ -68,7 +68,7 @@ def fsync_dir(path: Path) -> None:
 
 def fsync_file(path: Path) -> None:
     """Make a file's content durable (a copy made by another means than
-    :func:`recovery.integrity.commit.write_file`)."""
+    :func:`recovery.integrity.commits.commit.write_file`)."""
     _fsync(path, os.O_RDONLY)
 
 
@@ -84,7 +84,7 @@ def discard(path: Path, *, fault_point: str | None = None, reaper: Reaper | None
     """Delete a committed directory: rename it to a trash name (atomic: from then on no
     reader takes it for a checkpoint), then remove the files, here or on ``reaper``'s
     thread; a kill in between leaves only the trash directory, which
-    :func:`recovery.integrity.commit.remove_stale` finishes."""
+    :func:`recovery.integrity.commits.commit.remove_stale` finishes."""
     nofollow.refuse_link(path, "a committed checkpoint to delete")
     if not path.exists():
         return

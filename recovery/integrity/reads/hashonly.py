@@ -1,6 +1,6 @@
 """Verify a committed directory without decoding (or keeping) its tensors; no torch.
 
-The checks of :func:`recovery.integrity.reader.read_verified`, in its order and
+The checks of :func:`recovery.integrity.reads.reader.read_verified`, in its order and
 with its errors: signature, trust and listing (:func:`.listed.check`), each
 file's digest, every listed file claimed by ``state.json``. What differs is
 what stays in memory: a tensor file is hashed in one streamed pass that keeps
@@ -25,8 +25,8 @@ from recovery.format.layout import TENSOR_SUFFIX
 from recovery.format.manifest import FileRecord, Manifest
 from recovery.format.safeheader import Entry
 from recovery.format.statedoc import ROWS
-from recovery.integrity import listed
-from recovery.integrity.signing import TrustStore
+from recovery.integrity.keys.signing import TrustStore
+from recovery.integrity.reads import listed
 from recovery.progress import bytes_bar
 
 DOCUMENT_SUFFIXES = (".json", ".yaml")
@@ -72,7 +72,7 @@ def check(path: str | Path, trust: TrustStore, *, allow_untrusted: bool = False)
     and that ``state.json`` claims every listed file; decode no tensor.
 
     Raises:
-        What :func:`recovery.integrity.reader.read_verified` raises, for the same failures.
+        What :func:`recovery.integrity.reads.reader.read_verified` raises, for the same failures.
     """
     path = Path(path)
     with listed.readable(path):

@@ -48,11 +48,12 @@ from recovery.format.layout import (
     temp_dir_for,
 )
 from recovery.format.manifest import FileRecord, Manifest
-from recovery.integrity import full, lock, nofollow
-from recovery.integrity.reaping import discard as discard
-from recovery.integrity.reaping import fsync_dir as fsync_dir
-from recovery.integrity.reaping import fsync_file as fsync_file
-from recovery.integrity.signing import Signer
+from recovery.integrity import nofollow
+from recovery.integrity.commits import full, lock
+from recovery.integrity.commits.reaping import discard as discard
+from recovery.integrity.commits.reaping import fsync_dir as fsync_dir
+from recovery.integrity.commits.reaping import fsync_file as fsync_file
+from recovery.integrity.keys.signing import Signer
 from recovery.progress import bytes_bar
 
 log = logging.getLogger(__name__)
@@ -169,7 +170,7 @@ def commit(
         UnsafePathError: ``final`` or the temp directory is (or became) a symlink this
             writer did not make; nothing was written through it.
         RunDirLockedError: the writer's lock no longer guards the run directory
-            (:func:`recovery.integrity.lock.check_held`); nothing was published.
+            (:func:`recovery.integrity.commits.lock.check_held`); nothing was published.
     """
     step = recovery["step"]
     lock.check_held(final.parent)  # nothing written into a directory the lock lost

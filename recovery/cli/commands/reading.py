@@ -2,7 +2,7 @@
 
 Each verifies before it shows anything: an inspection or an audit link is what
 the verified bytes say, never what a file claims (``ls``, a run's table, is in
-:mod:`recovery.cli.listing`).
+:mod:`recovery.cli.commands.listing`).
 """
 
 from __future__ import annotations

@@ -9,7 +9,7 @@ those bytes. Decoders then parse the same bytes, so there is no window between
 "checked" and "used" in which the file could change.
 
 Checks, each with its own error, in this order: the signature, trust and listing
-checks of :func:`recovery.integrity.listed.check`; each file's digest;
+checks of :func:`recovery.integrity.reads.listed.check`; each file's digest;
 then every listed file claimed by ``state.json`` (:mod:`recovery.format.claims`:
 a file a key holder signed in that nothing gives a meaning is refused like an
 unlisted one). JSON of ``state.json`` and shard indexes is all that is parsed.
@@ -28,9 +28,9 @@ import torch
 from recovery.format import claims, digests, tensorfile
 from recovery.format.layout import TENSOR_SUFFIX
 from recovery.format.manifest import FileRecord, Manifest
-from recovery.integrity import listed
-from recovery.integrity.listed import read_manifest as read_manifest
-from recovery.integrity.signing import TrustStore
+from recovery.integrity.keys.signing import TrustStore
+from recovery.integrity.reads import listed
+from recovery.integrity.reads.listed import read_manifest as read_manifest
 from recovery.progress import bytes_bar
 
 
@@ -66,7 +66,7 @@ class Verified:
     ``.safetensors`` files come as one uint8 tensor each (decoded zero-copy by
     :func:`recovery.format.tensorfile.views`); every other file, DCP's
     (``dcp/...``) included, as ``bytes``: DCP reads those through
-    :class:`recovery.integrity.dcp.VerifiedReader`, never from disk. A file the
+    :class:`recovery.integrity.reads.dcp.VerifiedReader`, never from disk. A file the
     caller deferred is a :class:`Deferred`, verified when it is read.
     """
 

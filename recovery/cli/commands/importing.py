@@ -13,7 +13,7 @@ from typing import Any
 
 from recovery.cli.common import LARGE, emit, human_size, phase, size_of
 from recovery.config import SigningConfig
-from recovery.integrity import trust
+from recovery.integrity.keys import trust
 from recovery.tools import importing
 
 

@@ -1,6 +1,6 @@
 """What a path that is not a committed checkpoint is, said so that the user knows what to
 pass instead: a missing path, a file, a run directory, or a directory with no ``model.sig``
-(:func:`recovery.integrity.reader.read_manifest` raises these)."""
+(:func:`recovery.integrity.reads.reader.read_manifest` raises these)."""
 
 from __future__ import annotations
 
