@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import os
 import statistics
 import subprocess
 import sys
@@ -56,7 +57,7 @@ def python(code: str, *args: str) -> str:
         capture_output=True,
         text=True,
         check=True,
-        env={"PYTHONPATH": str(ROOT), "PATH": "/usr/bin:/bin", "HOME": str(Path.home())},
+        env={**os.environ, "PYTHONPATH": str(ROOT)},
     )
     return done.stdout.strip().splitlines()[-1] if done.stdout.strip() else ""
 

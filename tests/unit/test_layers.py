@@ -147,3 +147,32 @@ def test_the_linter_sees_every_module():
     linted = {Path(line.strip()).resolve() for line in shown.splitlines() if line.strip()}
     modules = {p.resolve() for d in ("recovery", "recipes") for p in (REPO / d).rglob("*.py")}
     assert modules - linted == set()
+
+
+def test_the_run_layer_is_composed_of_parts_in_folders_a_newcomer_can_read():
+    """Issue 40's shape, held: recovery/run/ keeps at most 10 modules at its top and at
+    least 4 sub-packages of at most 12 modules each; no class of the library has more than
+    2 classes of ours above it (errors aside), and the Checkpointer none."""
+    import importlib
+    import inspect
+    import pkgutil
+
+    import recovery
+    from recovery.run.checkpointer import Checkpointer
+
+    run = REPO / "recovery" / "run"
+    assert len(list(run.glob("*.py"))) <= 10
+    packages = [d for d in run.iterdir() if (d / "__init__.py").is_file()]
+    assert len(packages) >= 4
+    assert all(len(list(d.glob("*.py"))) <= 12 for d in packages), packages
+    towers = []
+    for info in pkgutil.walk_packages(recovery.__path__, "recovery."):
+        module = importlib.import_module(info.name)
+        for cls in vars(module).values():
+            if not inspect.isclass(cls) or cls.__module__ != module.__name__:
+                continue
+            ours = [b for b in cls.__mro__[1:] if b.__module__.startswith("recovery.")]
+            if len(ours) > 2 and not issubclass(cls, BaseException):
+                towers.append((cls.__qualname__, [b.__name__ for b in ours]))
+    assert towers == []
+    assert Checkpointer.__bases__ == (object,)
