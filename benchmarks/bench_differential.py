@@ -2,14 +2,17 @@
 
     python benchmarks/bench_differential.py [--intervals 25,50,100] [--runs 3] [--json OUT]
         [--users 200000] [--items 50000] [--interactions 1000000] [--steps 1000]
-        [--full-every 10] [--min-mb MB] [--resume-interval 50] [--dir DIR] [--keep] [--dvc]
+        [--full-every 10] [--against previous|full] [--min-mb MB] [--resume-interval 50]
+        [--dir DIR] [--keep] [--dvc]
 
 For each checkpoint interval (``--intervals``, in steps) ``python train.py`` trains
 the embedding recipe twice, with the same seed and config: SparseAdam on the
 embedding tables (``recipe.optim.sparse=true``), ``checkpoint.keep_last=3``,
 synchronous saves, DVC off; once writing full checkpoints and once with
 ``checkpoint.differential.enabled=true`` (``full_every`` ``--full-every``,
-``min_mb`` the config's default unless ``--min-mb``). Each run has its own
+``against`` ``--against``: each delta against the save before it, a chain, or
+against the chain's full checkpoint; ``min_mb`` the config's default unless
+``--min-mb``). Each run has its own
 checkpoint root; both share one generated data set and one signing key.
 
 Reported, from each run's journal (``metrics.jsonl``, one ``checkpoint`` record per
@@ -28,7 +31,7 @@ committed save):
 
 At ``--resume-interval`` (the nearest of ``--intervals``), resume time: the newest
 kept delta of the differential run against the full run's checkpoint of the same
-step. Each of ``--runs`` tries copies the checkpoint (a delta with its base) into a
+step. Each of ``--runs`` tries copies the checkpoint (a delta with its chain) into a
 fresh run directory and resumes it there, ``python train.py ... +resume=<path>
 train.steps=<step + 1>``, reading the journal's ``first_step`` record (process
 start to the first resumed step: interpreter, imports, data, verify, decode, one
@@ -126,6 +129,7 @@ class Bench:
         ]
         if differential:
             out.append(f"checkpoint.differential.full_every={a.full_every}")
+            out.append(f"checkpoint.differential.against={a.against}")
             if a.min_mb is not None:
                 out.append(f"checkpoint.differential.min_mb={a.min_mb}")
         return out
@@ -282,7 +286,7 @@ def resume_times(
         return {"interval": interval, "skipped": f"the full run kept no step {step}"}
     sources = {
         "full": ([full_path], False),
-        "delta": ([delta_path, diff_dir / info["base"]], True),
+        "delta": ([delta_path, *(diff_dir / name for name in info["chain"])], True),
     }
     first: dict[str, list[float]] = {k: [] for k in sources}
     load_s: dict[str, list[float]] = {k: [] for k in sources}
@@ -308,7 +312,7 @@ def resume_times(
     shutil.rmtree(scratch, ignore_errors=True)
     read = {
         "full": sum(r.size for r in bench.load(full_path).manifest.files),
-        "delta": info["bytes"] + info["base_bytes"],
+        "delta": info["bytes"] + info["chain_bytes"],  # the delta and every link below it
     }
     return {
         "interval": interval,
@@ -421,7 +425,8 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--items", type=int, default=50_000)
     ap.add_argument("--interactions", type=int, default=1_000_000)
     ap.add_argument("--steps", type=int, default=1000)
-    ap.add_argument("--full-every", type=int, default=10)
+    ap.add_argument("--full-every", type=int, default=20)
+    ap.add_argument("--against", choices=("previous", "full"), default="previous")
     ap.add_argument("--min-mb", type=float, default=None, help="default: the config's (1)")
     ap.add_argument("--resume-interval", type=int, default=50)
     ap.add_argument("--runs", type=int, default=3)

@@ -5,12 +5,13 @@ batch digest, update; a checkpoint event every 100 steps), measures the median o
 ``--runs`` of:
 
 - ``read``: the journal read the resume does anyway (``history.read``: parse, check
-  the seals of its steering events, the run's history), now also keeping the last
-  record of each step;
+  the seals of its steering events, the run's history); the journal is written here
+  without its index (``metrics.jsonl.index``), so this is the whole read a journal of
+  an older version gets (``bench_journal_resume.py`` measures the read through the index);
 - ``unsealed``: the same read without checking the seals (parse and history only), the
   baseline of what checking the sealed events (one every 100 steps) adds;
-- ``keep``: the part of it the self-check added (the step -> record map), measured
-  alone over the parsed records;
+- ``keep``: the self-check's step -> record map, measured alone over the parsed records
+  (a resume builds it from the records after its checkpoint: ``journal.steps_after``);
 - ``write``: one per-step record written through the journal, without and with the
   check watching it (``compare``), over the redone steps of one interval.
 

@@ -2,7 +2,7 @@
 
     python benchmarks/bench_tiers.py [--size-mb 256] [--steps 300] [--step-ms 50]
         [--kills 4] [--async] [--hash sha256|blake3] [--shard-mb MB] [--host-loss 0.1]
-        [--repeat 1] [--every N --local-every K] [--json OUT]
+        [--repeat 1] [--every N --local-every K] [--store-mbps 10,40] [--json OUT]
 
 The same training process (an own loop: ``Checkpointer``, ``TrainState``; a state of
 ``--size-mb`` of float32 parameters and ``--step-ms`` of compute a step, a sleep, so that
@@ -26,6 +26,12 @@ time / ``--kills`` (the failure rate injected), :func:`choose` takes Young/Daly 
 an interval is never shorter than its write (a save or a
 snapshot cannot start before the previous one is written). The choice and its arithmetic
 are printed and recorded.
+
+**On a slow store** (``--store-mbps``): the persistent tier is where real clusters keep
+it, a shared file system or an object store, slower than the node's RAM. For each
+bandwidth given, the bench mounts a throttled FUSE passthrough under ``--dir``
+(``slowstore.py``: reads and writes share one link of that many MB/s), runs the
+calibration and both layouts with the persistent run directory on it, and unmounts it.
 
 Reported per layout (medians of ``--repeat`` runs): steps redone per failure (the last step
 the killed process journaled, less the step its successor resumed at), the checkpoint
@@ -324,6 +330,12 @@ def main() -> None:
     p.add_argument(
         "--layouts", default="one,two", help="which to run: one,two (the comparison), or one"
     )
+    p.add_argument(
+        "--store-mbps",
+        default=None,
+        help="comma-separated bandwidths (MB/s): the persistent tier on a slow store of each "
+        "(a throttled FUSE mount under --dir, benchmarks/slowstore.py), one comparison each",
+    )
     p.add_argument("--json", type=Path)
     args = p.parse_args()
     if args.worker:
@@ -333,7 +345,41 @@ def main() -> None:
     args.shm.mkdir(parents=True, exist_ok=True)
     kills = sorted(random.Random(args.seed).sample(range(2, args.steps), args.kills))
     out: dict[str, Any] = {"args": {k: str(v) for k, v in vars(args).items()}, "kills": kills}
-    out["load_average_before"] = os.getloadavg()
+    if args.store_mbps is None:
+        out.update(compare(args, kills))
+    else:
+        out["stores"] = on_slow_stores(args, kills, [float(x) for x in args.store_mbps.split(",")])
+    if args.json:
+        args.json.write_text(json.dumps(out, indent=2))
+
+
+def on_slow_stores(
+    args: argparse.Namespace, kills: list[int], bandwidths: list[float]
+) -> dict[str, Any]:
+    """:func:`compare` with the persistent tier on a slow store of each bandwidth, mounted
+    (and unmounted) here."""
+    import slowstore  # beside this file
+
+    lacking = slowstore.missing()
+    if lacking is not None:
+        raise SystemExit(f"--store-mbps needs {lacking}")
+    out: dict[str, Any] = {}
+    home = Path(tempfile.mkdtemp(prefix="bench-tiers-store-", dir=args.dir))
+    try:
+        for mbps in bandwidths:
+            print(f"\n== persistent tier on a slow store of {mbps:g} MB/s ==", flush=True)
+            backing, mount = home / f"backing-{mbps:g}", home / f"mount-{mbps:g}"
+            with slowstore.mounted(backing, mount, mbps):
+                on_store = argparse.Namespace(**{**vars(args), "dir": mount})
+                out[f"{mbps:g}"] = {"store_mbps": mbps, **compare(on_store, kills)}
+    finally:
+        shutil.rmtree(home, ignore_errors=True)
+    return out
+
+
+def compare(args: argparse.Namespace, kills: list[int]) -> dict[str, Any]:
+    """Choose the intervals, run each layout ``--repeat`` times, report; the record."""
+    out: dict[str, Any] = {"load_average_before": os.getloadavg()}
     every, local_every, every2 = intervals(args, out)
     layouts = {"one": ("one tier", every, 0), "two": ("two tiers", every2, local_every)}
     chosen = [layouts[name] for name in args.layouts.split(",")]
@@ -345,8 +391,7 @@ def main() -> None:
     out["load_average_after"] = os.getloadavg()
     out.update({name.replace(" ", "_"): r for name, r in results.items()})
     report(out, results, kills)
-    if args.json:
-        args.json.write_text(json.dumps(out, indent=2))
+    return out
 
 
 def report(out: dict[str, Any], results: dict[str, dict[str, Any]], kills: list[int]) -> None:

@@ -43,9 +43,14 @@ class DifferentialConfig:
 
     enabled: bool = False
     """Write a *delta* (the rows of each large table, parameters and optimizer state, that
-    differ from the last full checkpoint, its *base*) instead of a full checkpoint."""
-    full_every: int = 10
-    """Every this many saves is a full base (1: every save; the others are deltas of it)."""
+    differ from an earlier checkpoint, its *base*) instead of a full checkpoint."""
+    full_every: int = 20
+    """Every this many saves is a full checkpoint (1: every save), which starts a new chain;
+    a chain holds at most ``full_every - 1`` deltas."""
+    against: str = "previous"
+    """A delta's base: ``previous`` (the checkpoint before it, full or a delta: a chain,
+    and only the rows changed since that save) or ``full`` (the chain's full checkpoint:
+    each delta holds every row changed since it, larger, but a resume reads two links)."""
     min_mb: float = 1.0
     """A tensor with at least this many MiB (and rows) is compared row by row; smaller
     ones are written whole."""
@@ -53,6 +58,7 @@ class DifferentialConfig:
     def __post_init__(self) -> None:
         key = "checkpoint.differential"
         at_least(f"{key}.full_every", self.full_every, 1, 10, " (1: every save is full)")
+        one_of(f"{key}.against", self.against, ("previous", "full"))
         at_least(f"{key}.min_mb", self.min_mb, 0, 1)
 
     @property

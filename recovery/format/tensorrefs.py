@@ -18,7 +18,7 @@ from __future__ import annotations
 import array
 import itertools
 import sys
-from collections.abc import Callable, Iterable, Mapping
+from collections.abc import Callable, Iterable, Mapping, Sequence
 from pathlib import Path
 from typing import Any, TypeVar
 
@@ -68,18 +68,18 @@ def check(
     doc: dict[str, Any],
     headers: Headers,
     documents: Documents,
-    base: tuple[Path, Headers, Documents] | None,
+    bases: Sequence[tuple[Path, Headers, Documents]],
     rows: Rows | None = None,
 ) -> None:
     """Refuse what decoding ``doc``'s components would refuse (see the module), a delta's
-    against its ``base`` (its path, headers and documents), its row indexes' values too
-    when ``rows`` gives their verified bytes.
+    against its chain of ``bases`` (each one's path, headers and documents, the full
+    checkpoint first), its row indexes' values too when ``rows`` gives their verified bytes.
 
     Raises:
         FormatError: naming the file, with the decoder's message.
     """
     patched = statedoc.patched(doc, where=where / STATE_FILE)
-    if statedoc.DIFFERENTIAL in doc and base is None:
+    if statedoc.DIFFERENTIAL in doc and not bases:
         raise FormatError(
             f"{where / STATE_FILE}: is a delta; it decodes only with its base checkpoint",
             path=where / STATE_FILE,
@@ -87,8 +87,8 @@ def check(
     for name, skeleton in doc["components"].items():
         fname = where / tensor_file(name)
         flat = component(where, name, headers, documents)
-        if base is not None and patched.get(name):
-            old = component(base[0], name, base[1], base[2])
+        if bases and patched.get(name):
+            old = whole(bases, name)
             files = component_files(where, name, headers, documents) if rows else []
 
             def stored_rows(key: str, files: list[str] = files) -> bytes | None:
@@ -102,6 +102,33 @@ def check(
                     f"{fname}: state references tensor '{key}', which the tensor file lacks",
                     path=fname,
                 )
+
+
+def whole(links: Sequence[tuple[Path, Headers, Documents]], name: str) -> dict[str, Entry]:
+    """A component's tensors at the last of ``links`` (a chain, the full checkpoint first)
+    as the decoder would rebuild them: the full one's, patched by each delta in turn.
+
+    Raises:
+        FormatError: a link that does not patch the one before it.
+    """
+    where, headers, documents = links[0]
+    flat = component(where, name, headers, documents)
+    for where, headers, documents in links[1:]:
+        stored = component(where, name, headers, documents)
+        doc = statedoc.parse(documents(STATE_FILE), where)
+        tables = statedoc.patched(doc, where=where / STATE_FILE).get(name)
+        fname = str(where / tensor_file(name))
+        flat = (
+            _patch(stored, flat, tables, where=fname, row_bytes=lambda _: None)
+            if tables
+            else stored
+        )
+    return flat
+
+
+def _unread(key: str) -> bytes | None:
+    """A base's row indexes were checked with the base: not again."""
+    return None
 
 
 def _patch(

@@ -41,11 +41,12 @@ def to_delete(
         keep_last: how many of the most recent steps up to ``newest`` to keep.
         keep_every: steps that are multiples of this are milestones, kept
             forever (0 disables).
-        bases: differential checkpoints (deltas): step -> the step of its base. A kept
-            delta keeps its base. And since a damaged base takes every delta on it
-            down, when all of the most recent ``keep_last`` hang on one base the newest
-            checkpoint before that base is kept too (with its base): the fallback
-            ``keep_last >= 2`` promises stays independent of the newest base.
+        bases: differential checkpoints (deltas): step -> the step of its base (a full
+            checkpoint, or another delta: a chain). A kept delta keeps its chain down to
+            the full checkpoint. And since a damaged link takes every delta above it
+            down, when all of the most recent ``keep_last`` hang on one full checkpoint
+            the newest checkpoint before that one is kept too (with its chain): the
+            fallback ``keep_last >= 2`` promises stays independent of the newest chain.
 
     Steps above ``newest`` are left alone: they belong to a branch this run
     abandoned by resuming from an earlier step, and are replaced as it goes.
@@ -58,12 +59,21 @@ def to_delete(
     keep = set(window) | {newest}
     if keep_every > 0:
         keep |= {s for s in present if s % keep_every == 0}
-    roots = {bases.get(s, s) for s in window}
+    roots = {chain_of(s, bases)[-1] for s in window}
     if len(roots) == 1 and keep_last > 1:
         older = [s for s in present if s < min(roots)]
         keep |= set(older[-1:])
-    keep |= {bases[s] for s in keep if s in bases}
+    keep = {link for s in keep for link in chain_of(s, bases)}
     return [s for s in present if s not in keep and s < newest]
+
+
+def chain_of(step: int, bases: Mapping[int, int]) -> list[int]:
+    """``step`` and the steps of the chain below it, down to a full checkpoint (a base
+    that names no earlier step ends it)."""
+    out = [step]
+    while (below := bases.get(out[-1])) is not None and below < out[-1]:
+        out.append(below)
+    return out
 
 
 def young_daly(cost_s: float, mtbf_s: float) -> float:

@@ -10,6 +10,7 @@ resolved config, when given, to ``config.yaml``.
 
 from __future__ import annotations
 
+from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Any
 
@@ -88,17 +89,16 @@ def encode_split(
     return files
 
 
-def decode(verified: Verified, base: Verified | None = None) -> Decoded:
-    """Rebuild the state tree from verified bytes (a delta's with its verified ``base``).
+def decode(verified: Verified, bases: Sequence[Verified] = ()) -> Decoded:
+    """Rebuild the state tree from verified bytes (a delta's with its verified chain of
+    ``bases``, the full checkpoint first: :func:`recovery.integrity.reads.chain.read_chain`).
 
     Raises:
         FormatError: naming the file that does not decode, or a delta given no base.
     """
     where = verified.path
-    raw = _bytes(verified, STATE_FILE) if STATE_FILE in verified.files else None
-    doc = statedoc.parse(raw, where)
-    patched = statedoc.patched(doc, where=where / STATE_FILE)
-    if DIFFERENTIAL in doc and base is None:
+    doc, patched = _patched(verified)
+    if DIFFERENTIAL in doc and not bases:
         raise FormatError(
             f"{where / STATE_FILE}: is a delta; it decodes only with its base checkpoint",
             path=where / STATE_FILE,
@@ -107,13 +107,38 @@ def decode(verified: Verified, base: Verified | None = None) -> Decoded:
     for name, skeleton in doc["components"].items():
         fname = tensor_file(name)
         flat = tensors(verified, name)
-        if base is not None and patched.get(name):
-            flat = delta.patch(flat, tensors(base, name), patched[name], where=str(where / fname))
+        if bases and patched.get(name):
+            old = full_tensors(bases, name)
+            flat = delta.patch(flat, old, patched[name], where=str(where / fname))
         try:
             tree[name] = codec.join(skeleton, flat)
         except FormatError as err:
             raise FormatError(f"{where / fname}: {err}", path=where / fname) from err
     return Decoded(tree=tree, step=int(doc["step"]), meta=statedoc.meta(doc))
+
+
+def _patched(verified: Verified) -> tuple[dict[str, Any], dict[str, Any]]:
+    """A checkpoint's ``state.json`` and its patched tables by component (``{}``: full)."""
+    raw = _bytes(verified, STATE_FILE) if STATE_FILE in verified.files else None
+    doc = statedoc.parse(raw, verified.path)
+    return doc, statedoc.patched(doc, where=verified.path / STATE_FILE)
+
+
+def full_tensors(links: Sequence[Verified], component: str) -> dict[str, torch.Tensor]:
+    """A component's whole tensors at the last of ``links`` (a chain, the full checkpoint
+    first): the full one's, patched by each delta's rows in turn.
+
+    Raises:
+        FormatError: a link that does not patch the one before it.
+    """
+    flat = tensors(links[0], component)
+    for link in links[1:]:
+        _, patched = _patched(link)
+        stored = tensors(link, component)
+        tables = patched.get(component)
+        where = str(link.path / tensor_file(component))
+        flat = delta.patch(stored, flat, tables, where=where) if tables else stored
+    return flat
 
 
 def _bytes(verified: Verified, name: str) -> bytes:

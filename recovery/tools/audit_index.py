@@ -39,7 +39,6 @@ from recovery.format.layout import (
     is_uncommitted,
     parse_step,
 )
-from recovery.integrity.keys import seal
 from recovery.integrity.keys.signing import MAX_BUNDLE_BYTES, TrustStore
 from recovery.provenance.lineage import PROMOTED_FROM
 from recovery.run import journal
@@ -211,7 +210,7 @@ def retired_at(run_dir: Path, trust: TrustStore) -> dict[int, int]:
     when there is no journal or it cannot be read."""
     path = run_dir / METRICS_FILE
     try:
-        obeyed = seal.check(journal.read_numbered(path), trust).obeyed if path.is_file() else []
+        obeyed = journal.sealed_chain(path, trust).obeyed if path.is_file() else []
     except (OSError, ValueError):
         return {}
     out: dict[int, int] = {}

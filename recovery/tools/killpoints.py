@@ -85,24 +85,34 @@ def commit_steps(steps: int, every: int) -> list[int]:
     return [*range(every, steps, every), steps]
 
 
-def bases(commits: list[int], full_every: int) -> dict[int, int]:
+def bases(commits: list[int], full_every: int, chained: bool = False) -> dict[int, int]:
     """With differential saves (``full_every`` > 0): each delta's base step. Every
-    ``full_every``-th commit is a base; a resume continues the chain it loaded, so a
+    ``full_every``-th commit is full; a delta's base is the commit before it (``chained``:
+    ``against: previous``) or that full one. A resume continues the chain it loaded, so a
     killed and resumed run keeps the uninterrupted run's chains."""
     if full_every <= 0:
         return {}
-    return {c: commits[i - i % full_every] for i, c in enumerate(commits) if i % full_every != 0}
+    return {
+        c: commits[i - 1 if chained else i - i % full_every]
+        for i, c in enumerate(commits)
+        if i % full_every != 0
+    }
 
 
 def retention(
-    commits: list[int], *, keep_last: int, keep_every: int, full_every: int = 0
+    commits: list[int],
+    *,
+    keep_last: int,
+    keep_every: int,
+    full_every: int = 0,
+    chained: bool = False,
 ) -> tuple[dict[int, list[int]], dict[int, frozenset[int]]]:
     """Per commit C of an uninterrupted run: the steps retention deletes after C's rename,
     and the steps on disk once it has (``full_every``: differential saves, see :func:`bases`)."""
     present: set[int] = set()
     doomed: dict[int, list[int]] = {}
     disk: dict[int, frozenset[int]] = {}
-    chains = bases(commits, full_every)
+    chains = bases(commits, full_every, chained)
     for c in commits:
         present.add(c)
         doomed[c] = policy.to_delete(
@@ -150,6 +160,7 @@ def _room(
     keep_best: bool = False,
     dvc: bool = False,
     full_every: int = 0,
+    chained: bool = False,
 ) -> _Room:
     if every <= 0 or every >= steps:
         raise ConfigError(
@@ -158,7 +169,7 @@ def _room(
         )
     commits = commit_steps(steps, every)
     doomed, disk = retention(
-        commits, keep_last=keep_last, keep_every=keep_every, full_every=full_every
+        commits, keep_last=keep_last, keep_every=keep_every, full_every=full_every, chained=chained
     )
     ckpts, limit, background = commits[:-1], steps, []
     if dvc:
@@ -193,6 +204,7 @@ class Schedule(TypedDict, total=False):
     keep_best: bool
     dvc: bool
     full_every: int
+    chained: bool
 
 
 def capacity(*, steps: int, every: int, **schedule: Unpack[Schedule]) -> int:

@@ -62,6 +62,36 @@ def test_sigkill_after_a_delta_then_resume_latest_is_bit_identical(
     assert max(sizes[s] for s in (20, 30, 50, 60, 80)) < min(sizes[s] for s in (10, 40, 70))
 
 
+PHASES = ("write", "before-manifest", "before-rename")
+
+
+def test_chained_deltas_killed_at_every_commit_phase_of_a_link_and_of_a_consolidation(
+    tmp_path, trainer, trust, diff_data
+):
+    """Saves 10 (full), 20 (a delta of 10), 30 (a delta of 20: a link), 40 (full: the chain
+    consolidated), 50, ... 80: SIGKILL in each commit phase of 30 and of 40, then +resume=latest,
+    is the uninterrupted run bit for bit, every link of it."""
+    reference = trainer(tmp_path / "ref", *DIFF, data=diff_data)
+    assert reference.returncode == 0, reference.output
+    for step in (30, 40):
+        for phase in PHASES:
+            root = tmp_path / f"{phase}-{step}"
+            point = f"commit-{phase}-{step}"
+            first = trainer(root, *DIFF, pause_at=point, data=diff_data)
+            assert first.returncode == -9, point
+            assert [s for s, _ in scan(first.run_dir).committed] == [10, 20, 30][: step // 10 - 1]
+            second = trainer(root, *DIFF, "+resume=latest", data=diff_data)
+            assert second.returncode == 0, second.output
+            (resumed,) = [
+                r for r in read(second.run_dir / METRICS_FILE) if r.get("event") == "resume"
+            ]
+            assert resumed["step"] == step - 10, point
+            assert_same_run(reference.run_dir, second.run_dir, trust)
+            for s in (50, 60, 80):  # every link kept restores, its chain whole
+                loaded = choose.load(second.run_dir / step_dir_name(s), trust)
+                assert loaded.delta["base"] == step_dir_name(s - 10), (point, s)
+
+
 def test_export_and_warm_start_read_a_delta_through_its_base(
     tmp_path, trainer, signer, trust, diff_data
 ):
@@ -115,7 +145,9 @@ def test_the_drill_passes_with_differential_saves(tmp_path, diff_data, monkeypat
         f"recipe.data.root={diff_data}",
         *overrides,
         *DIFF,
-        "train.steps=50",  # saves 10 (base), 20, 30 (deltas), 40 (base), 50 (retiring 20)
+        # saves 10 (full), 20, 30 (a chain of deltas), 40 (full), 50, 60, 70 (full: the chain
+        # 10-30 is retired once none of the newest three hang on it)
+        "train.steps=70",
         "--kills",
         "6",
         "--seed",
@@ -167,7 +199,7 @@ def test_dvc_pushes_only_the_new_bytes_and_a_fresh_machine_resumes_from_a_delta(
     shutil.rmtree(project / "checkpoints")
     remote = project.parent / "remote"
     shutil.rmtree(remote)
-    # the run that died at 6 (2 a base, 4 and 6 its deltas), pushed as it went: here one
+    # the run that died at 6 (2 full, 4 and 6 a chain of deltas on it), pushed as it went: here one
     # process per save, each continuing the chain, so the remote is measured after each
     pushed = {}
     for step in (2, 4, 6):
@@ -189,7 +221,8 @@ def test_dvc_pushes_only_the_new_bytes_and_a_fresh_machine_resumes_from_a_delta(
         (run_dir / name).write_bytes(data)
     state, _ = _train_dvc(project, 8, signer, trust, prov, resume_spec="latest")
     resumed = [r for r in read(run_dir / METRICS_FILE) if r.get("event") == "resume"][-1]
-    assert resumed["step"] == 6 and resumed["base"].endswith(step_dir_name(2))
+    # its chain (4, then 2) fetched from the remote link by link
+    assert resumed["step"] == 6 and resumed["base"].endswith(step_dir_name(4))
     for k, v in ref.components["model"].state_dict().items():
         assert torch.equal(state.components["model"].state_dict()[k], v), k
-    assert [s for s, _ in scan(run_dir).committed] == [2, 6, 8]  # 6 keeps its base 2
+    assert [s for s, _ in scan(run_dir).committed] == [2, 4, 6, 8]  # 6 keeps its chain

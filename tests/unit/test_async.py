@@ -124,6 +124,34 @@ def test_async_and_sync_write_identical_state(tmp_path, signer, trust, prov):
         assert torch.equal(out[True]["model"][k], v)
 
 
+def test_a_sync_save_of_a_device_state_goes_through_reused_staging_buffers(
+    tmp_path, signer, trust, prov, monkeypatch
+):
+    """A state off the host is staged (one copy into reused buffers), then written from
+    them on the training thread: the same bytes as a host state's save. Here the state is
+    on the CPU, taken for a device's; on the host itself nothing is staged."""
+    from recovery.run.writing import strategies
+
+    trees = {}
+    for device in (False, True):
+        monkeypatch.setattr(strategies, "on_device", lambda tree, device=device: device)
+        state = tiny_state()
+        ck, journal = make(tmp_path / str(device), signer, trust, prov, every_steps=2, steps=6)
+        ck.restore(state, None)
+        sizes = []
+        for step in range(1, 7):
+            train_steps(state, 1)
+            ck.maybe_save(state, step)
+            sizes.append(ck._saves.strategy._staging.allocated_bytes)
+        ck.close()
+        journal.close()
+        staged = sizes[-1]
+        assert (staged > 0) == device and sizes[1] == staged  # allocated once, then reused
+        trees[device] = choose.load(tmp_path / str(device) / "run" / step_dir_name(6), trust)
+    for k, v in trees[False].decoded.tree["model"].items():
+        assert torch.equal(trees[True].decoded.tree["model"][k], v)
+
+
 def test_background_error_surfaces_on_the_next_step(tmp_path, signer, trust, prov, monkeypatch):
     def broken(*args, **kwargs):
         raise CommitError("disk full (injected)")

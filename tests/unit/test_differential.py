@@ -9,9 +9,10 @@ from torch import nn
 from recovery.config import CheckpointConfig, DifferentialConfig
 from recovery.errors import BrokenChainError
 from recovery.format.layout import BEST_DIR, scan, step_dir_name
+from recovery.integrity.reads import chain
 from recovery.run.checkpointer import Checkpointer
 from recovery.run.journal import Journal, read
-from recovery.run.restoring import choose
+from recovery.run.restoring import checked, choose
 from recovery.run.saving import retention
 from recovery.state.registry import TrainState
 from recovery.state.sampler import ResumableSampler
@@ -106,14 +107,17 @@ def assert_same(a, b):
     assert a["sampler"] == b["sampler"] and a["scheduler"] == b["scheduler"]
 
 
-ON = {"enabled": True, "full_every": 3, "min_mb": 0}
+ON = {"enabled": True, "full_every": 3, "min_mb": 0, "against": "full"}
+"""One-link deltas: each against its chain's full checkpoint."""
+CHAINED = {**ON, "against": "previous"}
+"""Each delta against the save before it."""
 
 
-def differential_config(root, **settings):
-    """Saves every 2 steps, each third a base; ``settings``: the other keys."""
+def differential_config(root, differential=ON, **settings):
+    """Saves every 2 steps, each third full; ``settings``: the other keys."""
     settings.setdefault("keep_last", 10)
     return CheckpointConfig(
-        root=str(root), every_steps=2, differential=DifferentialConfig(**ON), **settings
+        root=str(root), every_steps=2, differential=DifferentialConfig(**differential), **settings
     )
 
 
@@ -147,18 +151,22 @@ def test_base_plus_delta_restores_exactly_what_a_full_checkpoint_holds(chain_run
     }
 
 
-def test_a_resume_continues_the_chain_and_trains_the_same_run(tmp_path, signer, trust, prov):
-    ref = run(tmp_path / "ref", 16, signer, trust, prov, **ON)
-    run(tmp_path / "job", 10, signer, trust, prov, **ON)
-    job = run(tmp_path / "job", 16, signer, trust, prov, resume_spec="latest", **ON)
+@pytest.mark.parametrize(("settings", "base_of_12"), [(ON, 8), (CHAINED, 10)])
+def test_a_resume_continues_the_chain_and_trains_the_same_run(
+    tmp_path, signer, trust, prov, settings, base_of_12
+):
+    ref = run(tmp_path / "ref", 16, signer, trust, prov, **settings)
+    run(tmp_path / "job", 10, signer, trust, prov, **settings)
+    job = run(tmp_path / "job", 16, signer, trust, prov, resume_spec="latest", **settings)
     resumed = [r for r in read(job / "metrics.jsonl") if r.get("event") == "resume"]
     assert resumed[-1]["step"] == 10 and resumed[-1]["base"].endswith(step_dir_name(8))
-    for step in (12, 14, 16):  # 12: the third of base 8's chain; 14 a new base
+    for step in (12, 14, 16):  # 12: the third of base 8's chain; 14 a new full one
         a = choose.load(ref / step_dir_name(step), trust)
         b = choose.load(job / step_dir_name(step), trust)
-        assert (a.delta or {}).get("base") == (b.delta or {}).get("base")
+        assert (a.delta or {}).get("chain") == (b.delta or {}).get("chain")
         assert_same(a.decoded.tree, b.decoded.tree)
-    assert choose.load(job / step_dir_name(12), trust).delta["base"] == step_dir_name(8)
+    # one-link: a delta of the chain's full checkpoint; chained: of the resumed one
+    assert choose.load(job / step_dir_name(12), trust).delta["base"] == step_dir_name(base_of_12)
 
 
 def test_a_delta_without_its_base_is_refused_and_latest_falls_back(chain_run, trust):
@@ -366,3 +374,85 @@ def entry_rows(diff, key):
             if e.key == key:
                 return e.shape[0] - 1
     raise AssertionError(key)
+
+
+@pytest.fixture
+def linked_run(tmp_path, signer, trust, prov):
+    """A chained differential run to 12 (2 full, 4 of 2, 6 of 4; 8 full, 10 of 8, 12 of 10),
+    a one-link one and a full one."""
+    linked = run(tmp_path / "linked", 12, signer, trust, prov, **CHAINED)
+    one = run(tmp_path / "one", 12, signer, trust, prov, **ON)
+    full = run(tmp_path / "full", 12, signer, trust, prov)
+    return linked, one, full
+
+
+def test_each_link_of_a_chain_restores_exactly_what_a_full_checkpoint_holds(linked_run, trust):
+    linked, one, full = linked_run
+    chains = {}
+    for step in range(2, 13, 2):
+        a = choose.load(linked / step_dir_name(step), trust)
+        assert_same(a.decoded.tree, choose.load(full / step_dir_name(step), trust).decoded.tree)
+        chains[step] = a.delta["chain"] if a.delta else []
+        if a.delta:
+            assert a.delta["base"] == step_dir_name(step - 2)
+            assert a.delta["sequence"] == len(a.delta["chain"])
+            # only the rows changed since the save before: fewer than since the full one
+            b = choose.load(one / step_dir_name(step), trust)
+            mine, theirs = a.delta["tables"], b.delta["tables"]
+            assert all(mine[k][0] <= theirs[k][0] for k in mine)
+            assert a.delta["bytes"] <= b.delta["bytes"]
+    assert chains[6] == [step_dir_name(2), step_dir_name(4)]
+    assert chains[12] == [step_dir_name(8), step_dir_name(10)]
+    assert chains[8] == [] and chains[2] == []
+    # and without torch: ls's and verify's check reads the same chain
+    for step in (6, 12):
+        assert checked.check(linked / step_dir_name(step), trust).delta["chain"] == chains[step]
+
+
+def test_a_link_missing_from_a_chain_takes_the_links_above_it_down(linked_run, trust):
+    linked, _, _ = linked_run
+    shutil.rmtree(linked / step_dir_name(10))
+    with pytest.raises(BrokenChainError) as err:
+        choose.load(linked / step_dir_name(12), trust)
+    assert "is a delta of step-00000010 (step 10), which is missing" in str(err.value)
+    chosen = choose.select(linked, "latest", trust)
+    assert chosen.path == linked / step_dir_name(8)  # 12 falls, 8 is whole
+
+
+def test_retention_keeps_every_link_a_kept_delta_needs(tmp_path, signer, trust, prov):
+    run_dir = run(tmp_path / "r", 16, signer, trust, prov, keep_last=2, **CHAINED)
+    # saves: 2 full, 4, 6 | 8 full, 10, 12 | 14 full, 16. keep 14, 16 (both on 14), so
+    # the newest before 14 (12) and its chain (10, 8) are the fallback
+    assert [s for s, _ in scan(run_dir).committed] == [8, 10, 12, 14, 16]
+    for _, path in scan(run_dir).committed:
+        choose.load(path, trust)  # each one's chain is whole
+
+
+def test_the_best_copy_of_a_link_brings_its_chain(tmp_path, signer, trust, prov):
+    cfg = differential_config(
+        tmp_path, CHAINED, keep_last=2, keep_best=True, best_metric="score", best_mode="max"
+    )
+    run_dir = _train(cfg, tmp_path, 6, signer, trust, prov, sparse_state(), score={6: 1})
+    best = [p.name for _, p in scan(run_dir / BEST_DIR).committed]
+    assert best == [step_dir_name(s) for s in (2, 4, 6)]
+    chosen = choose.select(run_dir, "best", trust)
+    assert chosen.path == run_dir / BEST_DIR / step_dir_name(6)
+    assert_same(chosen.decoded.tree, choose.load(run_dir / step_dir_name(6), trust).decoded.tree)
+
+
+def test_a_chain_longer_than_its_bound_is_refused(linked_run, trust, monkeypatch):
+    linked, _, _ = linked_run
+    mf = choose.load(linked / step_dir_name(6), trust).manifest
+    calls = []
+
+    def verify(p):
+        calls.append(p)
+        return choose.load(p, trust).verified
+
+    assert [v.path.name for v in chain.read_chain(linked / step_dir_name(6), mf, verify)] == [
+        step_dir_name(2),
+        step_dir_name(4),
+    ]
+    monkeypatch.setattr(chain, "MAX_LINKS", 1)
+    with pytest.raises(BrokenChainError, match="chain of at most 1 deltas"):
+        chain.read_chain(linked / step_dir_name(6), mf, verify)

@@ -82,15 +82,16 @@ def test_observers_see_every_record_and_the_close_once_and_a_failing_one_is_drop
     assert len(read(tmp_path / "m.jsonl")) == 2
 
 
-def test_a_resume_reads_the_journal_once_and_chains_onto_the_tip_it_found(
+def test_a_resume_reads_the_events_once_never_the_whole_journal_and_chains_onto_the_tip(
     tmp_path, monkeypatch, signer, trust, prov
 ):
-    """The start's history read finds the sealed chain's tip; the journal chains the
-    resume's events onto it without reading the file again, and the chain verifies."""
+    """The start's history read finds the sealed chain's tip through the index; the
+    journal chains the resume's events onto it without reading them again, nothing reads
+    the whole journal, and the chain verifies."""
     from recovery.config import CheckpointConfig
     from recovery.integrity.keys import seal
-    from recovery.run import journal as journal_mod
     from recovery.run.checkpointer import Checkpointer
+    from recovery.run.journal import reading
     from tests.conftest import tiny_state, train_steps
 
     kw = {"signer": signer, "trust": trust, "provenance": prov, "preemption": False}
@@ -100,16 +101,17 @@ def test_a_resume_reads_the_journal_once_and_chains_onto_the_tip_it_found(
         for step in range(1, 5):
             ck.record(step, loss=train_steps(state, 1)[0])
             ck.maybe_save(state, step)
-    reads = []
-    real = journal_mod.read_numbered
-    monkeypatch.setattr(journal_mod, "read_numbered", lambda p: reads.append(p) or real(p))
+    reads, wholes = [], []
+    real, real_whole = reading.events, reading.read_numbered
+    monkeypatch.setattr(reading, "events", lambda p, **k: reads.append(p) or real(p, **k))
+    monkeypatch.setattr(reading, "read_numbered", lambda p: wholes.append(p) or real_whole(p))
     state = tiny_state()
     with Checkpointer(CheckpointConfig(every_steps=2), tmp_path / "r", final_step=6, **kw) as ck:
         assert ck.restore(state, "latest") == 4
-        assert len(reads) == 1  # the history's read, nothing else
+        assert len(reads) == 1 and not wholes  # the history's read of the events, nothing else
         for step in range(5, 7):
             ck.record(step, loss=train_steps(state, 1)[0])
             ck.maybe_save(state, step)
-    checked = seal.check(real(tmp_path / "r" / "metrics.jsonl"), trust.with_signer(signer))
+    checked = seal.check(real_whole(tmp_path / "r" / "metrics.jsonl"), trust.with_signer(signer))
     assert not checked.refused and not checked.stray
     assert {r.get("event") for r in checked.obeyed} >= {"start", "resume", "checkpoint"}

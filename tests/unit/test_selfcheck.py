@@ -8,9 +8,8 @@ import pytest
 
 from recovery.config import ResumeCheckConfig
 from recovery.errors import ConfigError, InexactResumeError
-from recovery.run.journal import Journal, read
+from recovery.run.journal import Journal, read, steps_after
 from recovery.run.restoring import selfcheck
-from recovery.run.restoring.history import from_records
 from recovery.run.restoring.selfcheck import ResumeCheck, compare, same
 
 
@@ -144,12 +143,17 @@ def test_nothing_to_redo_writes_nothing(tmp_path):
     assert check.done and not (tmp_path / "m.jsonl").exists()
 
 
-def test_the_history_keeps_the_last_record_of_each_step():
-    past = from_records(
-        [{"step": 1, "loss": 1.0}, {"step": 2, "loss": 2.0}, {"event": "resume", "step": 1},
-         {"step": 2, "loss": 2.5}, {"event": "checkpoint", "step": 2}]
-    )  # fmt: skip
-    assert past.steps == {1: {"step": 1, "loss": 1.0}, 2: {"step": 2, "loss": 2.5}}
+def test_a_resume_compares_with_the_last_record_of_each_step_after_its_checkpoint(tmp_path):
+    j = Journal(tmp_path / "m.jsonl")
+    for rec in [{"step": 1, "loss": 1.0}, {"step": 2, "loss": 2.0}, {"event": "resume", "step": 1},
+                {"step": 2, "loss": 2.5}, {"event": "checkpoint", "step": 2}]:  # fmt: skip
+        j.write(rec)
+    j.close()
+    assert steps_after(tmp_path / "m.jsonl", 0) == {
+        1: {"step": 1, "loss": 1.0},
+        2: {"step": 2, "loss": 2.5},
+    }
+    assert steps_after(tmp_path / "m.jsonl", 1) == {2: {"step": 2, "loss": 2.5}}
 
 
 def test_skipped_event():

@@ -186,6 +186,7 @@ def cmd_drill(args: argparse.Namespace) -> int:
         keep_every=ck.keep_every,
         keep_best=ck.keep_best,
         full_every=ck.differential.full_every if ck.differential.enabled else 0,
+        chained=ck.differential.against == "previous",
         timeout_s=args.timeout,
     )
     report = _drilled(args, drill.run, plan)

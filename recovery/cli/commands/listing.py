@@ -135,9 +135,10 @@ def columns(table: list[list[str]], right: tuple[int, ...]) -> str:
 
 
 def run_story(run_dir: Path) -> Story:
-    """The run's journal read as its history (empty without a journal)."""
+    """The run's journal read as its history of events (empty without a journal): the
+    per-step records are not read (the table shows none)."""
     path = run_dir / METRICS_FILE
-    return story(journal.read(path)) if path.is_file() else Story()
+    return story(r for _, r in journal.events(path)) if path.is_file() else Story()
 
 
 def resume_checks(run_dir: Path, st: Story | None = None) -> list[dict[str, Any]]:

@@ -29,7 +29,7 @@ def local_dir(run_dir: Path) -> Path | None:
     path = run_dir / METRICS_FILE
     if not path.is_file():
         return None
-    named = [r.get("dir") for r in journal.read(path) if r.get("event") == "local_tier"]
+    named = [r.get("dir") for _, r in journal.events(path) if r.get("event") == "local_tier"]
     return Path(named[-1]) if named and isinstance(named[-1], str) else None
 
 

@@ -1,12 +1,14 @@
 """A differential checkpoint's base: named in its signed statement, verified with it.
 
 A delta (``checkpoint.differential``) holds only the rows of its tables that
-changed since a full checkpoint of the same run, its *base*. Its signed
-statement names the base by directory name, step and subject digest
-(:func:`reference`); :func:`read_base` finds the base beside the delta,
-verifies it whole (signature, trust, every file) and checks it is the very
-checkpoint the delta signed, so verifying a delta verifies its chain. A base
-is always full: a chain is one base and one delta, never longer.
+changed since an earlier checkpoint of the same run, its *base*: the previous
+checkpoint (itself a delta, or full), or the last full one
+(``checkpoint.differential.against``). Its signed statement names the base by
+directory name, step and subject digest (:func:`reference`); :func:`read_chain`
+finds each link's base beside it, verifies it whole (signature, trust, every
+file), checks it is the very checkpoint the link signed and of an earlier
+step, and goes on down to a full checkpoint, so verifying a delta verifies its
+whole chain. A chain is at most :data:`MAX_LINKS` checkpoints long.
 """
 
 from __future__ import annotations
@@ -32,6 +34,9 @@ V = TypeVar("V", bound=Read)
 
 BASE = "base"
 """The statement's (``recovery`` predicate) field naming a delta's base."""
+MAX_LINKS = 1000
+"""The most deltas a chain may hold above its full checkpoint (a writer bounds its chains
+by ``checkpoint.differential.full_every``; a longer one is damage or forgery)."""
 
 
 @dataclass(frozen=True)
@@ -86,19 +91,65 @@ def base_path(delta: Path, base: Base) -> Path:
     return delta.absolute().parent / base.name
 
 
-def read_base(delta: Path, mf: Manifest, verify: Callable[[Path], V]) -> V | None:
-    """The verified base of the delta at ``delta`` (``None`` when ``mf`` is a full checkpoint),
-    as ``verify`` verifies a directory (:func:`recovery.integrity.reads.reader.read_verified`, or
-    :func:`recovery.integrity.reads.hashonly.check`, with the trust settings of the delta's).
+def named(delta: Path, mf: Manifest, read: Callable[[Path], Manifest]) -> list[Base]:
+    """The bases the chain below the checkpoint at ``delta`` names, its own base first, each
+    link's manifest read (not verified: a caller that only keeps or copies) with ``read``;
+    it stops at a link that is missing or does not read, or past :data:`MAX_LINKS`."""
+    out: list[Base] = []
+    where, manifest = delta, mf
+    while len(out) <= MAX_LINKS:
+        try:
+            base = base_of(manifest, where)
+            if base is None or base.step >= manifest.step:
+                break
+            out.append(base)
+            where = base_path(where, base)
+            manifest = read(where)
+        except (RecoveryError, OSError):
+            break
+    return out
+
+
+def read_chain(
+    delta: Path,
+    mf: Manifest,
+    verify: Callable[[Path], V],
+    fetch: Callable[[Path, Manifest], None] | None = None,
+) -> list[V]:
+    """The verified bases of the checkpoint at ``delta`` (manifest ``mf``), the full one
+    first and the delta's own base last (empty: ``mf`` is a full checkpoint), each as
+    ``verify`` verifies a directory (:func:`recovery.integrity.reads.reader.read_verified`,
+    or :func:`recovery.integrity.reads.hashonly.check`, with the trust settings of the
+    delta's). ``fetch(path, manifest)`` brings a link's base from DVC first when it is only
+    tracked there.
 
     Raises:
-        BrokenChainError: the base is missing, fails verification (its error quoted), is
-            not the checkpoint the delta signed, or is itself a delta.
-        ManifestError: the delta's base record is malformed.
+        BrokenChainError: a base is missing, fails verification (its error quoted), is not
+            the checkpoint its delta signed, is not of an earlier step, or the chain is
+            longer than :data:`MAX_LINKS`.
+        ManifestError: a base record is malformed.
     """
-    base = base_of(mf, delta)
-    if base is None:
-        return None
+    links: list[V] = []
+    where, manifest = delta, mf
+    while (base := base_of(manifest, where)) is not None:
+        if fetch is not None:
+            fetch(where, manifest)
+        verified = _verified_base(where, base, verify)
+        if base.step >= manifest.step or len(links) >= MAX_LINKS:
+            raise BrokenChainError(
+                f"{where}: is a delta of {base.name} (step {base.step}), which is not an "
+                f"earlier checkpoint of a chain of at most {MAX_LINKS} deltas; resume from "
+                "another checkpoint",
+                base=base_path(where, base),
+                path=base_path(where, base),
+            )
+        links.append(verified)
+        where, manifest = base_path(where, base), verified.manifest
+    return links[::-1]
+
+
+def _verified_base(delta: Path, base: Base, verify: Callable[[Path], V]) -> V:
+    """The base ``base`` that the delta at ``delta`` names, found beside it and verified."""
     where = base_path(delta, base)
     what = f"{delta}: is a delta of {base.name} (step {base.step})"
     if not where.is_dir():
@@ -121,12 +172,6 @@ def read_base(delta: Path, mf: Manifest, verify: Callable[[Path], V]) -> V | Non
             f"{what} with digest {base.digest}, but {where} has digest "
             f"{verified.manifest.root}: it was replaced by another checkpoint of that step. "
             "Resume from another checkpoint",
-            base=where,
-            path=where,
-        )
-    if base_of(verified.manifest, where) is not None:
-        raise BrokenChainError(
-            f"{what}, which is itself a delta; a base must be a full checkpoint",
             base=where,
             path=where,
         )

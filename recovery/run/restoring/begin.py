@@ -305,7 +305,7 @@ def announce(
     what was verified and who signed it, what was restored. ``each_rank``: a distributed
     load, where each rank verifies the signature and the files it reads."""
     tier = loaded.manifest.recovery.get("tier", "persistent")
-    files = len(loaded.manifest.files) + (len(loaded.base.manifest.files) if loaded.base else 0)
+    files = len(loaded.manifest.files) + sum(len(b.manifest.files) for b in loaded.links)
     digests = "the digests of the files each rank read" if each_rank else f"{files} file digests"
     return (
         f"RESUMED run {run_id[:12]} at step {step} from {loaded.path} ({tier} tier; "

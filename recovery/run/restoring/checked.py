@@ -13,6 +13,7 @@ deserialises a tensor, so it never imports torch.
 from __future__ import annotations
 
 import logging
+from collections.abc import Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Protocol
@@ -49,12 +50,13 @@ class Checked:
     """The purpose-contract components it holds."""
     documents: dict[str, bytes] = field(repr=False)
     """The verified bytes of its JSON and YAML files (``state.json``, ``config.yaml``...)."""
-    base: hashonly.Checked | None = field(repr=False, default=None)
+    links: list[hashonly.Checked] = field(repr=False, default_factory=list)
+    """A delta's checked chain of bases, the full checkpoint first (empty: a full one)."""
 
     @property
     def delta(self) -> dict[str, Any] | None:
         """What a delta is (:func:`delta_of`; ``None``: a full checkpoint)."""
-        return delta_of(self.meta, self.manifest, self.base)
+        return delta_of(self.meta, self.manifest, self.links)
 
 
 def check(path: Path, trust: TrustStore, *, allow_untrusted: bool = False) -> Checked:
@@ -66,16 +68,18 @@ def check(path: Path, trust: TrustStore, *, allow_untrusted: bool = False) -> Ch
     """
     checked = hashonly.check(path, trust, allow_untrusted=allow_untrusted)
     mf = checked.manifest
-    fetch_base(path, mf)
-    base = chain.read_base(
-        path, mf, lambda p: hashonly.check(p, trust, allow_untrusted=allow_untrusted)
+    links = chain.read_chain(
+        path,
+        mf,
+        lambda p: hashonly.check(p, trust, allow_untrusted=allow_untrusted),
+        fetch=fetch_base,
     )
     doc = statedoc.parse(checked.document(STATE_FILE), path)
-    theirs = None if base is None else (base.path, base.header, base.document)
+    theirs = [(b.path, b.header, b.document) for b in links]
     tensorrefs.check(path, doc, checked.header, checked.document, theirs, checked.row_bytes)
     meta = statedoc.meta(doc)
     have = contract(path, mf, doc["components"], meta, {r.name for r in mf.files})
-    return Checked(path, mf, int(doc["step"]), meta, have, checked.documents, base)
+    return Checked(path, mf, int(doc["step"]), meta, have, checked.documents, links)
 
 
 def fetch_base(path: Path, mf: Manifest) -> None:
@@ -105,12 +109,14 @@ def contract(
     return have
 
 
-def delta_of(meta: dict[str, Any], mf: Manifest, base: _Dir | None) -> dict[str, Any] | None:
+def delta_of(meta: dict[str, Any], mf: Manifest, links: Sequence[_Dir]) -> dict[str, Any] | None:
     """What a delta is (``None``: a full checkpoint): its base's name, step and digest, its
-    place after the base, its own and its base's bytes, and per patched table
-    (``component/key``) its changed and total rows."""
-    if base is None:
+    place after the chain's full checkpoint, the chain (the full one first), its own bytes,
+    its base's and its whole chain's, and per patched table (``component/key``) its changed
+    and total rows."""
+    if not links:
         return None
+    base = links[-1]
     record = meta.get(statedoc.DIFFERENTIAL) or {}
     tables = {
         f"{name}/{key}": [int(t["changed"]), int(t["rows"])]
@@ -122,8 +128,10 @@ def delta_of(meta: dict[str, Any], mf: Manifest, base: _Dir | None) -> dict[str,
         "base_step": base.manifest.step,
         "base_sha256": base.manifest.root,
         "sequence": record.get("sequence"),
+        "chain": [link.path.name for link in links],
         "bytes": sum(r.size for r in mf.files),
         "base_bytes": sum(r.size for r in base.manifest.files),
+        "chain_bytes": sum(r.size for link in links for r in link.manifest.files),
         "tables": tables,
     }
 

@@ -74,13 +74,18 @@ class Loaded:
     )
     skipped: list[tuple[Path, str]] = field(default_factory=list)
     """Newer checkpoints passed over (``latest`` only), with the reason for each."""
-    base: reader.Verified | None = field(repr=False, default=None)
-    """A delta's verified base (``None``: a full checkpoint)."""
+    links: list[reader.Verified] = field(repr=False, default_factory=list)
+    """A delta's verified chain of bases, the full checkpoint first (empty: a full one)."""
+
+    @property
+    def base(self) -> reader.Verified | None:
+        """A delta's own verified base (``None``: a full checkpoint)."""
+        return self.links[-1] if self.links else None
 
     @property
     def delta(self) -> dict[str, Any] | None:
         """What a delta is (:func:`.checked.delta_of`; ``None``: a full checkpoint)."""
-        return checked.delta_of(self.decoded.meta, self.manifest, self.base)
+        return checked.delta_of(self.decoded.meta, self.manifest, self.links)
 
     @property
     def verified(self) -> reader.Verified:
@@ -158,15 +163,15 @@ def load(
     from recovery.state import snapshot
 
     verified = reader.read_verified(path, trust, allow_untrusted=allow_untrusted, defer=defer)
-    checked.fetch_base(path, verified.manifest)
-    base = chain.read_base(
+    links = chain.read_chain(
         path,
         verified.manifest,
         lambda p: reader.read_verified(p, trust, allow_untrusted=allow_untrusted),
+        fetch=checked.fetch_base,
     )
-    decoded = snapshot.decode(verified, base)
+    decoded = snapshot.decode(verified, links)
     have = checked.contract(path, verified.manifest, decoded.tree, decoded.meta, verified.files)
-    return Loaded(path, verified.manifest, decoded, have, files=verified.files, base=base)
+    return Loaded(path, verified.manifest, decoded, have, files=verified.files, links=links)
 
 
 def select(

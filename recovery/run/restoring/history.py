@@ -21,7 +21,6 @@ from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import Any
 
-from recovery.integrity.keys import seal
 from recovery.integrity.keys.signing import TrustStore
 from recovery.run import journal
 
@@ -46,9 +45,6 @@ class History:
     abandoned: dict[int, str] = field(default_factory=dict)
     """Steps of an abandoned branch not written again since -> where they were moved
     (relative to the run directory)."""
-    steps: dict[int, dict[str, Any]] = field(default_factory=dict)
-    """Step -> the last per-step record written for it: what the run last did at each
-    step (a resume's self-check compares its redone steps with these)."""
     tip: str = ""
     """The link of the last sealed event that verifies (empty: none): where the writer's next sealed
     event chains on (:meth:`~recovery.run.journal.Journal.chain_from`)."""
@@ -66,12 +62,9 @@ def from_records(records: Iterable[dict[str, Any]]) -> History:
     committed: set[int] = set()
     retired: set[int] = set()
     abandoned: dict[int, str] = {}
-    per_step: dict[int, dict[str, Any]] = {}
     for rec in records:
         event = rec.get("event")
-        if event is None and isinstance(rec.get("step"), int):
-            per_step[rec["step"]] = rec
-        elif event in journal.BEGIN_EVENTS and isinstance(rec.get("run_id"), str):
+        if event in journal.BEGIN_EVENTS and isinstance(rec.get("run_id"), str):
             run_id = rec["run_id"]
         elif event == "checkpoint" and isinstance(rec.get("step"), int):
             committed.add(rec["step"])
@@ -83,7 +76,7 @@ def from_records(records: Iterable[dict[str, Any]]) -> History:
             to = rec.get("to")
             if event == "abandoned" and isinstance(to, str) and _BRANCH.match(to):
                 abandoned.update(dict.fromkeys(steps, to))
-    return History(run_id, frozenset(committed), frozenset(retired), abandoned, per_step)
+    return History(run_id, frozenset(committed), frozenset(retired), abandoned)
 
 
 _WARNED: set[tuple[str, int]] = set()
@@ -99,7 +92,7 @@ def read(path: Path, trust: TrustStore) -> History:
     """
     if not path.is_file():
         return History()
-    checked = seal.check(journal.read_numbered(path), trust)
+    checked = journal.sealed_chain(path, trust)
     new = [r for r in checked.refused if (str(path), r.line) not in _WARNED]
     if new:
         _WARNED.update((str(path), r.line) for r in new)

@@ -28,6 +28,7 @@ from recovery.parallel import world as distributed
 from recovery.parallel.world import World
 from recovery.provenance import purpose
 from recovery.provenance.purpose import PurposeSpec
+from recovery.run import journal as journal_mod
 from recovery.run.journal import Journal
 from recovery.run.monitoring import fingerprint
 from recovery.run.monitoring.watch import Watch
@@ -212,7 +213,7 @@ class Restorer:
         if self.local is not None and latest:
             local = self.local.candidates(self.trust.artifacts, self.trust.allow_untrusted)
         while True:
-            loaded, replaced, past = begin.pick(
+            loaded, replaced, _ = begin.pick(
                 self.run_dir,
                 resume_spec,
                 self.trust.artifacts,
@@ -228,7 +229,7 @@ class Restorer:
             if loaded is None:
                 return None
             try:
-                step = self._resume(state, loaded, replaced, past.steps)
+                step = self._resume(state, loaded, replaced)
             except VerificationError as err:
                 if not latest:
                     raise
@@ -246,11 +247,10 @@ class Restorer:
         state: TrainState,
         loaded: choose.Loaded,
         replaced: str | None,
-        recorded: dict[int, dict[str, Any]],
     ) -> int:
         # first: what it reads can still refuse (a base's file that does not decode), and
         # nothing may fail once the state is loaded
-        self.differential.adopt(self.run_dir, loaded.verified, loaded.base, loaded.decoded)
+        self.differential.adopt(self.run_dir, loaded.verified, loaded.links, loaded.decoded)
         ident = begin.resume_from(
             state,
             loaded,
@@ -267,7 +267,7 @@ class Restorer:
         if loaded.manifest.recovery.get("tier") != rules.LOCAL:
             self.status.persisted = ident.step  # a local snapshot is once its promotion commits
         self.journal.write(begin.resume_event(loaded, ident, self.world.size, replaced=replaced))
-        self._start_check(state, ident.step, replaced, recorded, drift=ident.drift)
+        self._start_check(state, ident.step, replaced, drift=ident.drift)
         if ident.step >= self.final_step and self.world.leader:
             log.info("%s", begin.finished(ident.step, self.final_step))
         return ident.step
@@ -277,7 +277,6 @@ class Restorer:
         state: TrainState,
         step: int,
         replaced: str | None,
-        recorded: dict[int, dict[str, Any]],
         *,
         drift: list[str],
     ) -> None:
@@ -297,6 +296,9 @@ class Restorer:
             # the journal's update sizes and fingerprints are rank 0's shard's: another
             # rank's differ
             check = dataclasses.replace(check, ignore=[*check.ignore, UPDATE, *fingerprint.FIELDS])
+        # what the run did after the checkpoint: only the journal's segments that hold it
+        journaled = self.journal_path.is_file()
+        recorded = journal_mod.steps_after(self.journal_path, step) if journaled else {}
         self._check = selfcheck.ResumeCheck(
             recorded,
             resumed_at=step,

@@ -103,24 +103,26 @@ def tidy_best(run_dir: Path) -> list[Path]:
     removed = commit.remove_stale(best_dir)
     for mark in sorted(best_dir.glob(INCOMING + "*")):
         nofollow.refuse_link(mark, "a best copy's mark file")
-        # a delta's copy was cut short after its base was brought in: that base is no best.
-        # The mark names it; only a checkpoint name of best/ itself is taken from it (the
-        # file is in the run directory: anyone who can write there could write a path)
-        named = mark.read_text(errors="replace").strip()
-        brought = best_dir / named
-        if parse_step(named) is None:
-            log.warning("ignoring %s: it names %r, not a checkpoint of %s", mark, named, best_dir)
-        elif not (best_dir / mark.name[len(INCOMING) :]).is_dir():
-            log.warning("removing %s: brought for a best copy that never committed", brought)
-            commit.discard(brought)
-            removed.append(brought)
+        # a delta's copy was cut short after its chain was brought in: those links are no
+        # best. The mark names them; only checkpoint names of best/ itself are taken from
+        # it (the file is in the run directory: anyone who can write there could write a path)
+        for named in mark.read_text(errors="replace").split():
+            brought = best_dir / named
+            if parse_step(named) is None:
+                log.warning(
+                    "ignoring %s: it names %r, not a checkpoint of %s", mark, named, best_dir
+                )
+            elif not (best_dir / mark.name[len(INCOMING) :]).is_dir():
+                log.warning("removing %s: brought for a best copy never committed", brought)
+                commit.discard(brought)
+                removed.append(brought)
         mark.unlink()
         commit.fsync_dir(best_dir)
     kept = scan(best_dir).committed
-    needed = _base_name(kept[-1][1]) if kept else None
+    needed = _chain_names(kept[-1][1]) if kept else []
     for _, old in kept[:-1]:
-        if old.name == needed:
-            continue  # the base of the best (a delta)
+        if old.name in needed:
+            continue  # the chain below the best (a delta)
         log.warning("removing %s: a best checkpoint superseded by a newer one", old)
         commit.discard(old)
         removed.append(old)
@@ -138,14 +140,16 @@ def _tier(path: Path) -> str | None:
     return tier if isinstance(tier, str) else None
 
 
-def _base_name(path: Path) -> str | None:
-    """The directory name of the base a checkpoint needs (``None``: full, or unreadable)."""
+def _manifest(path: Path) -> Manifest:
+    return reader.read_manifest(path, TrustStore(), allow_untrusted=True)
+
+
+def _chain_names(path: Path) -> list[str]:
+    """The directory names of the chain a checkpoint needs (empty: full, or unreadable)."""
     try:
-        mf = reader.read_manifest(path, TrustStore(), allow_untrusted=True)
-        base = chain.base_of(mf, path)
+        return [b.name for b in chain.named(path, _manifest(path), _manifest)]
     except RecoveryError:
-        return None
-    return base.name if base is not None else None
+        return []
 
 
 def retain(
@@ -240,20 +244,22 @@ def keep_best(
     if not policy.is_better(float(value), best_value, mode=mode):
         return False
     best_dir.mkdir(exist_ok=True)
-    base = chain.base_of(mf, final)
+    links = chain.named(final, mf, _manifest)
     mark = best_dir / f"{INCOMING}{final.name}"
-    if base is not None and not _holds(best_dir / base.name, base.digest, trust):
-        # a delta's copy needs its base beside it: brought first, marked as brought for
+    brought = [b for b in links if not _holds(best_dir / b.name, b.digest, trust)]
+    if brought:
+        # a delta's copy needs its chain beside it: brought first, marked as brought for
         # this delta, so a kill before the delta is in place leaves the mark, and
-        # tidy_best removes that base instead of taking it for the newest best
-        commit.write_file(mark, base.name.encode())
+        # tidy_best removes those links instead of taking one for the newest best
+        commit.write_file(mark, "\n".join(b.name for b in brought).encode())
         commit.fsync_dir(best_dir)
-        _copy(chain.base_path(final, base), best_dir, reaper=reaper)
+        for b in reversed(brought):
+            _copy(final.parent / b.name, best_dir, reaper=reaper)
     _copy(final, best_dir, fault=f"best-copy-{mf.step}", reaper=reaper)
     if mark.exists():
         mark.unlink()
     faults.reach(f"best-swap-{mf.step}")  # both committed, the old not yet removed
-    keep = {final.name, *([base.name] if base is not None else [])}
+    keep = {final.name, *(b.name for b in links)}
     for old in current:
         if old.name not in keep:
             commit.discard(old, reaper=reaper)

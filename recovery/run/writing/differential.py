@@ -1,13 +1,17 @@
 """Differential saves: which save is a full base, which a delta, and the base held for them.
 
 With ``checkpoint.differential.enabled`` the first save of a process, and then
-every ``full_every``-th, is a full checkpoint, the *base*; the saves between
-are *deltas* of it (:mod:`recovery.format.delta`: each large table's changed
-rows, everything else whole). The base's tables are kept in host memory (one
-copy, taken on the writer's thread as the base commits), so a delta compares
-against exactly the bytes the base holds without reading them back. A resume
-adopts the chain it loaded (:meth:`Differential.adopt`): the next save is a
-delta of the same base, not a new full one.
+every ``full_every``-th, is a full checkpoint; the saves between are *deltas*
+(:mod:`recovery.format.delta`: each large table's changed rows, everything
+else whole) of a *base*: with ``against: previous`` the save before (a chain,
+each link holding only what changed since the last save), with ``against:
+full`` the chain's full checkpoint. The base's tables are kept in host memory
+(one copy, refreshed on the writer's thread as each base commits), so a delta
+compares against exactly the bytes its base holds without reading them back.
+The next full checkpoint consolidates the chain: written like any save (on the
+writer's thread when saves are asynchronous), it starts a new chain, and
+retention may then delete the old one. A resume adopts the chain it loaded
+(:meth:`Differential.adopt`): the next save continues it.
 
 The tracker changes only when a save commits (on the writer's thread); the
 next save is decided after waiting for that one, so a decision never sees a
@@ -18,6 +22,7 @@ previous base (intact on disk) in charge, and the next save is full again.
 from __future__ import annotations
 
 import logging
+from collections.abc import Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -130,7 +135,8 @@ class Differential:
         """Record a committed save (see :meth:`Plan.committed`). A base whose tables cannot
         be copied (no memory) is not held: the save stays committed, and the next save is
         a full base again."""
-        if plan.base is None:  # no save is in flight but this one: the old copies are free
+        if plan.base is None or self.cfg.against == "previous":
+            # no save is in flight but this one: the old copies are free
             try:
                 tables = _tables(tensors, self.min_bytes, reuse=self.held)
             except (RuntimeError, MemoryError) as err:
@@ -140,40 +146,42 @@ class Differential:
                 self.forget()
                 return
             self.held = Held(chain.reference(mf, final), tables)
-            self.since = 0
-        else:
-            self.since = plan.sequence
+        self.since = plan.sequence
 
     def forget(self) -> None:
         """Hold no base: the next save is a full one."""
         self.held = None
         self.since = None
 
-    def adopt(self, run_dir: Path, verified: Any, base: Any, decoded: snapshot.Decoded) -> None:
-        """After a resume: hold the chain it loaded (a delta's base, or the full checkpoint
-        itself), so the next save continues it. A checkpoint from outside ``run_dir``
-        (``+resume=best``, a path) is not adopted: the next save is a full base, since a
-        delta finds its base beside it.
+    def adopt(
+        self, run_dir: Path, verified: Any, links: Sequence[Any], decoded: snapshot.Decoded
+    ) -> None:
+        """After a resume: hold the chain it loaded, so the next save continues it: a
+        delta of the resumed checkpoint itself (``against: previous``) or of its chain's
+        full checkpoint. A checkpoint from outside ``run_dir`` (``+resume=best``, a path) is
+        not adopted: the next save is a full base, since a delta finds its base beside it.
 
         Args:
             verified: the resumed checkpoint's :class:`~recovery.integrity.reads.reader.Verified`.
-            base: a delta's verified base, else ``None``.
+            links: a delta's verified chain of bases, the full checkpoint first (empty: full).
             decoded: the resumed checkpoint, decoded.
         """
         self.forget()
         if not self.cfg.enabled:
             return
-        source = base if base is not None else verified
+        previous = self.cfg.against == "previous" or not links
+        source = verified if previous else links[0]
         if source.path.absolute().parent.resolve() != run_dir.resolve():
             return
-        tensors = {name: snapshot.tensors(source, name) for name in decoded.tree}
-        # a full checkpoint's tensors are about to be loaded into the live state, which may
-        # keep them (an optimizer's moments): copied. A delta's base's are held as read: the state
-        # got the patched copies and the delta's own tensors, never the base's
+        chain_ = [*links, verified] if previous else links[:1]
+        tensors = {name: snapshot.full_tensors(chain_, name) for name in decoded.tree}
+        # the resumed tensors are about to be loaded into the live state, which may keep
+        # them (an optimizer's moments): copied. A full base under a delta is held as read:
+        # the state got the patched copies and the delta's own tensors, never the base's
         self.held = Held(
             chain.reference(source.manifest, source.path),
-            _tables(tensors, self.min_bytes, copy=base is None),
-            owned=base is None,
+            _tables(tensors, self.min_bytes, copy=previous),
+            owned=previous,
         )
         record = decoded.meta.get(snapshot.DIFFERENTIAL)  # checked when it was decoded
         self.since = int(record["sequence"]) if isinstance(record, dict) else 0

@@ -18,6 +18,8 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+import torch
+
 from recovery.errors import StorageError
 from recovery.format.manifest import FileRecord, Manifest
 from recovery.integrity.commits import full
@@ -75,7 +77,14 @@ Committed = Callable[[SaveJob, Manifest, Cost], None]
 
 
 class Inline:
-    """Writes on the training thread: the pause is the whole write."""
+    """Writes on the training thread: the pause is the whole write.
+
+    A state on an accelerator goes through the asynchronous save's pipeline, then its
+    wait: copied at once into reused (pinned, under CUDA) host buffers, then encoded,
+    hashed and written from them, so a synchronous save costs what an asynchronous one
+    costs in all, not a device-to-host copy per tensor on the way. A state on the host is
+    written as it is (a copy would only add to the pause).
+    """
 
     def __init__(self, signer: Signer, committed: Committed) -> None:
         self.signer = signer
@@ -83,6 +92,7 @@ class Inline:
         self.persisted: int | None = None
         """The newest step this saver saw committed on every rank (:class:`Ranks`: where
         ``committed`` runs on rank 0 only)."""
+        self._staging = Staging()
 
     def save(self, job: SaveJob, state: TrainState, *, waited: float, sync: bool = False) -> float:
         """Write ``job`` from ``state``; return the seconds the training thread was held.
@@ -91,7 +101,13 @@ class Inline:
             PurposeError, CommitError: nothing was committed; earlier checkpoints are intact.
             StorageError: the disk is full (:func:`recovery.integrity.commits.full.refused`).
         """
-        return self.write_tree(job, state.state_dict(), waited=waited)
+        tree = state.state_dict()
+        if not on_device(tree):
+            return self.write_tree(job, tree, waited=waited)
+        started = time.perf_counter()
+        # the previous save is waited for (waited): its buffers are free
+        staged = self._staging.stage(tree)
+        return self._write(job, staged.skeletons, staged.tensors, started, waited, mode="sync")
 
     def write_tree(self, job: SaveJob, tree: dict[str, Any], *, waited: float = 0.0) -> float:
         """Write ``job`` from a state tree now, on this thread; return the seconds it took."""
@@ -161,7 +177,6 @@ class Background(Inline):
     def __init__(self, signer: Signer, committed: Committed) -> None:
         super().__init__(signer, committed)
         self._writer = BackgroundWriter()
-        self._staging = Staging()
 
     def save(self, job: SaveJob, state: TrainState, *, waited: float, sync: bool = False) -> float:
         """Stage ``state`` and write in the background; ``sync`` writes inline (preemption)."""
@@ -353,6 +368,17 @@ class RanksBackground(Ranks):
     def raise_if_failed(self) -> None:
         """Not on its own under torchrun: every rank must raise at the same step
         (:meth:`settle`, given the ranks' :meth:`status`)."""
+
+
+def on_device(tree: Any) -> bool:
+    """Whether a state tree holds a tensor off the host (a GPU's)."""
+    if isinstance(tree, torch.Tensor):
+        return tree.device.type != "cpu"
+    if isinstance(tree, dict):
+        return any(on_device(v) for v in tree.values())
+    if isinstance(tree, list | tuple):
+        return any(on_device(v) for v in tree)
+    return False
 
 
 def choose(

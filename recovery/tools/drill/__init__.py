@@ -89,6 +89,9 @@ class Plan:
     full_every: int = 0
     """With ``checkpoint.differential.enabled``: its ``full_every`` (which saves are bases,
     which retention keeps for their deltas); 0: off."""
+    chained: bool = False
+    """With differential saves: each delta's base is the save before it (``against:
+    previous``), so retention keeps whole chains."""
     timeout_s: float | None = None
     """How long one run may take before the drill kills it and gives up (``None``: no limit)."""
 
@@ -100,7 +103,7 @@ class Plan:
     def schedule(self) -> dict[str, Any]:
         """What decides the kill points: the run's length, its saves and what it keeps."""
         keys = ("steps", "every", "keep_last", "keep_every", "keep_best", "dvc", "full_every")
-        return {k: getattr(self, k) for k in keys}
+        return {k: getattr(self, k) for k in (*keys, "chained")}
 
 
 def _train(plan: Plan, root: Path, extra: list[str], *, pause_at: str | None) -> Ran:

@@ -1,32 +1,5 @@
-"""The per-step record: ``<run dir>/metrics.jsonl``, append-only JSON lines.
-
-One line per optimizer step (``step``, ``epoch``, ``loss``, ``lr``, ``batch``
-and whatever else the recipe adds) and one line per event
-(``{"event": "resume", ...}``). A run killed between checkpoints has already
-written lines for steps that its resume will redo; the file keeps both, in
-order, and :func:`effective_steps` reads it as "the last record of each step
-wins", which is the history of the run that survived.
-
-A watcher (:meth:`Journal.watch`; the checkpointer's
-:class:`~recovery.run.monitoring.watch.Watch`) sees every per-step record (one with ``step``
-and no ``event``): it may add fields before the record is written (``lr``,
-``update``) and observes it after (the resume health monitor), so any loop that
-writes its per-step record here is monitored. An observer (:meth:`Journal.tap`; the
-trackers of :mod:`recovery.run.trackers`) sees every record, events included,
-after it is written, and the journal's end; one that raises is dropped with a
-warning, so a tracker can never stop the run that feeds it.
-
-Lines are flushed to the OS as they are written, so a SIGKILL loses none of
-them; a torn last line (power loss) is skipped when reading and a newline is
-written before the next append so it cannot corrupt the next record.
-
-The events a resume acts on (:data:`recovery.integrity.keys.seal.STEERING`) are
-sealed as they are written, once the checkpointer hands the journal its
-signing key (:meth:`Journal.seal_with`): signed and chained, so that a line
-someone else appends is ignored by the next resume instead of obeyed. The file
-is opened without following a symlink: one planted under its name is refused
-(:class:`~recovery.errors.UnsafePathError`), never written through.
-"""
+"""The journal's writer: :class:`Journal` appends records, seals the steering ones and
+shows them to watchers and observers (the package's docstring says what each is)."""
 
 from __future__ import annotations
 
@@ -37,11 +10,12 @@ import threading
 from pathlib import Path
 from typing import IO, Any, Protocol
 
-from recovery.format import bounded
 from recovery.integrity import nofollow
 from recovery.integrity.commits import full
 from recovery.integrity.keys import seal
 from recovery.integrity.keys.signing import Signer, TrustStore
+from recovery.run.journal import index
+from recovery.run.journal.reading import sealed_chain
 
 log = logging.getLogger(__name__)
 
@@ -89,6 +63,7 @@ class Journal:
         self._sealer: tuple[Signer, TrustStore] | None = None
         self._tip = ""  # the link of the last sealed event in the file ("": none)
         self._tip_known = False  # read from the file, or handed over by who read it
+        self._index = index.Segmenter(path) if path is not None else None
 
     def seal_with(self, signer: Signer, trust: TrustStore) -> None:
         """Seal the steering events written from now on with ``signer``, chained onto the
@@ -137,6 +112,9 @@ class Journal:
         size = os.fstat(fh.fileno()).st_size
         if size > 0 and os.pread(fh.fileno(), 1, size - 1) != b"\n":
             fh.write("\n")
+            fh.flush()
+        if self._index is not None:
+            self._index.start(fh.fileno())
         return fh
 
     def _sealed(self, record: dict[str, Any]) -> dict[str, Any]:
@@ -145,8 +123,8 @@ class Journal:
             return record
         signer, trust = self._sealer
         if not self._tip_known:
-            existing = read_numbered(self.path) if self.path.is_file() else []
-            self._tip, self._tip_known = seal.check(existing, trust).tip, True
+            tip = sealed_chain(self.path, trust).tip if self.path.is_file() else ""
+            self._tip, self._tip_known = tip, True
         sealed = seal.seal(record, self._tip, signer)
         self._tip = seal.link(sealed)
         return sealed
@@ -171,6 +149,8 @@ class Journal:
                     line = json.dumps(self._sealed(record), separators=(",", ":")) + "\n"
                     self._fh.write(line)
                     self._fh.flush()
+                    if self._index is not None:
+                        self._index.wrote(line, record)
                 except OSError as err:
                     if (no_room := full.cause(err)) is None:
                         raise
@@ -191,32 +171,5 @@ class Journal:
             self._closed = True
             if self._fh is not None:
                 self._fh.close()
-
-
-def read_numbered(path: Path) -> list[tuple[int, dict[str, Any]]]:
-    """Every parseable record with its line number, in file order (a torn or malformed
-    line, or one that is no JSON object, is skipped with a warning)."""
-    records = []
-    for n, line in enumerate(path.read_text(encoding="utf-8").splitlines(), 1):
-        if not line.strip():
-            continue
-        try:
-            record = bounded.json_loads(line)
-        except ValueError as err:
-            log.warning("%s:%d: skipping a torn or malformed record (%s)", path, n, err)
-            continue
-        if isinstance(record, dict):
-            records.append((n, record))
-        else:
-            log.warning("%s:%d: skipping a record that is no JSON object", path, n)
-    return records
-
-
-def read(path: Path) -> list[dict[str, Any]]:
-    """Every parseable record, in file order (a torn line is skipped with a warning)."""
-    return [record for _, record in read_numbered(path)]
-
-
-def effective_steps(path: Path) -> dict[int, dict[str, Any]]:
-    """Step -> the last record written for that step."""
-    return {int(r["step"]): r for r in read(path) if "step" in r and "event" not in r}
+            if self._index is not None:
+                self._index.close()
