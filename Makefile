@@ -84,5 +84,11 @@ bench-diff: $(STAMP)
 
 # Failures injected into one run, one tier against two (SIGKILL at random steps, own-loop subprocesses),
 # each layout at its Young/Daly interval from a calibration pass; medians of 3 runs (about 15 min).
+# Then the persistent tier on a slow store, as clusters have: a throttled FUSE mount at three
+# bandwidths, mounted and unmounted by the bench (Debian's fuse3 and libfuse2, installed here
+# where apt-get may run, and fusepy).
 bench-tiers: $(STAMP)
 	$(BIN)/python benchmarks/bench_tiers.py --size-mb 1024 --steps 400 --step-ms 200 --kills 4 --async --hash blake3 --repeat 3 --json .bench-tiers.json
+	bash tests/provision.sh
+	$(BIN)/python -m pip install -q -e '.[bench]'
+	$(BIN)/python benchmarks/bench_tiers.py --size-mb 128 --steps 200 --step-ms 100 --kills 3 --async --hash blake3 --repeat 3 --store-mbps 20,60,200 --json .bench-tiers-store.json

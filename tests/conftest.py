@@ -124,6 +124,14 @@ def train_steps(state: TrainState, n: int) -> list[float]:
     return losses
 
 
+def record_and_save(ck, state: TrainState, steps: range) -> None:
+    """Through a checkpointer ``ck``: train each of ``steps`` (one step each), record it
+    in the journal and save when due."""
+    for step in steps:
+        ck.record(step, loss=train_steps(state, 1)[0])
+        ck.maybe_save(state, step)
+
+
 def commit_state(run_dir, state: TrainState, step: int, signer: Signer, **extra):
     """Commit ``state`` as a continuation checkpoint the way the checkpointer does."""
     run_dir.mkdir(parents=True, exist_ok=True)

@@ -4,6 +4,8 @@
 #   chromium                                      the report test renders a real page
 #   slurmctld slurmd slurm-client munge           a private single-node SLURM (the tests
 #                                                 start its daemons in a temp dir)
+#   fuse3 libfuse2                                the slow store of the tiers benchmark (a
+#                                                 throttled FUSE mount; its test mounts one)
 # Where it cannot (no apt-get, no root, PROVISION=no, apt-get failed) it says why and the
 # run goes on: those tests skip, and pytest's closing lines name what to install
 # (tests/system.py). Nothing is installed when everything is there already.
@@ -17,9 +19,12 @@ slurm=()
 if [ "$(id -u)" -eq 0 ]; then
     for p in munged slurmctld slurmd sbatch; do has "$p" || { slurm=(slurmctld slurmd slurm-client munge); break; }; done
 fi
-[ ${#browser[@]} -eq 0 ] && [ ${#slurm[@]} -eq 0 ] && exit 0
+fuse=()
+{ has fusermount3 && ldconfig -p 2>/dev/null | grep -q 'libfuse\.so\.2'; } || fuse=(fuse3 libfuse2)
+[ ${#browser[@]} -eq 0 ] && [ ${#slurm[@]} -eq 0 ] && [ ${#fuse[@]} -eq 0 ] && exit 0
 
-wanted="${browser[*]} ${slurm[*]}"
+wanted="${browser[*]} ${slurm[*]} ${fuse[*]}"
+wanted="${wanted//  / }"
 wanted="${wanted# }"
 skip() { echo "make test: not installing $wanted ($1); the tests that need them skip"; exit 0; }
 [ "${PROVISION:-yes}" = no ] && skip "PROVISION=no"
@@ -38,7 +43,7 @@ apt update -qq >"$log" 2>&1 || { tail -3 "$log"; skip "apt-get update failed, ab
 if [ ${#browser[@]} -gt 0 ]; then
     apt install -y -qq "${browser[@]}" >"$log" 2>&1 || { tail -3 "$log"; skip "apt-get install failed, above"; }
 fi
-if [ ${#slurm[@]} -gt 0 ]; then
-    apt install -y -qq --no-install-recommends "${slurm[@]}" >"$log" 2>&1 || { tail -3 "$log"; skip "apt-get install failed, above"; }
+if [ ${#slurm[@]} -gt 0 ] || [ ${#fuse[@]} -gt 0 ]; then
+    apt install -y -qq --no-install-recommends "${slurm[@]}" "${fuse[@]}" >"$log" 2>&1 || { tail -3 "$log"; skip "apt-get install failed, above"; }
 fi
 exit 0

@@ -48,7 +48,9 @@ CHROMIUM = Need(
     "apt-get install chromium",
     any_of=True,
 )
-NEEDS = (SLURM, CHROMIUM)
+FUSE = Need("FUSE", ("fusermount3",), "apt-get install fuse3 libfuse2")
+"""With /dev/fuse and libfuse2 (which fusepy loads): ``benchmarks/slowstore.py``."""
+NEEDS = (SLURM, CHROMIUM, FUSE)
 
 
 def require(need: Need, *, to_run: bool = True) -> None:

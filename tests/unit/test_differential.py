@@ -456,3 +456,21 @@ def test_a_chain_longer_than_its_bound_is_refused(linked_run, trust, monkeypatch
     monkeypatch.setattr(chain, "MAX_LINKS", 1)
     with pytest.raises(BrokenChainError, match="chain of at most 1 deltas"):
         chain.read_chain(linked / step_dir_name(6), mf, verify)
+
+
+@pytest.mark.parametrize("link", [4, 6, 10, 12])
+def test_a_resume_from_any_link_trains_the_same_run_bit_for_bit(
+    tmp_path, signer, trust, prov, link
+):
+    """Killed after committing ``link`` (the first or second delta of a chain), resumed
+    from it: every later checkpoint equals the uninterrupted run's."""
+    ref = run(tmp_path / "ref", 16, signer, trust, prov, **CHAINED)
+    run(tmp_path / "job", link, signer, trust, prov, **CHAINED)
+    job = run(tmp_path / "job", 16, signer, trust, prov, resume_spec="latest", **CHAINED)
+    resumed = [r for r in read(job / "metrics.jsonl") if r.get("event") == "resume"]
+    assert resumed[-1]["step"] == link
+    for step in range(link + 2, 17, 2):
+        a = choose.load(ref / step_dir_name(step), trust)
+        b = choose.load(job / step_dir_name(step), trust)
+        assert (a.delta or {}).get("chain") == (b.delta or {}).get("chain"), step
+        assert_same(a.decoded.tree, b.decoded.tree)

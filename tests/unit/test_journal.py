@@ -92,15 +92,13 @@ def test_a_resume_reads_the_events_once_never_the_whole_journal_and_chains_onto_
     from recovery.integrity.keys import seal
     from recovery.run.checkpointer import Checkpointer
     from recovery.run.journal import reading
-    from tests.conftest import tiny_state, train_steps
+    from tests.conftest import record_and_save, tiny_state
 
     kw = {"signer": signer, "trust": trust, "provenance": prov, "preemption": False}
     state = tiny_state()
     with Checkpointer(CheckpointConfig(every_steps=2), tmp_path / "r", final_step=6, **kw) as ck:
         ck.restore(state)
-        for step in range(1, 5):
-            ck.record(step, loss=train_steps(state, 1)[0])
-            ck.maybe_save(state, step)
+        record_and_save(ck, state, range(1, 5))
     reads, wholes = [], []
     real, real_whole = reading.events, reading.read_numbered
     monkeypatch.setattr(reading, "events", lambda p, **k: reads.append(p) or real(p, **k))
@@ -109,9 +107,7 @@ def test_a_resume_reads_the_events_once_never_the_whole_journal_and_chains_onto_
     with Checkpointer(CheckpointConfig(every_steps=2), tmp_path / "r", final_step=6, **kw) as ck:
         assert ck.restore(state, "latest") == 4
         assert len(reads) == 1 and not wholes  # the history's read of the events, nothing else
-        for step in range(5, 7):
-            ck.record(step, loss=train_steps(state, 1)[0])
-            ck.maybe_save(state, step)
+        record_and_save(ck, state, range(5, 7))
     checked = seal.check(real_whole(tmp_path / "r" / "metrics.jsonl"), trust.with_signer(signer))
     assert not checked.refused and not checked.stray
     assert {r.get("event") for r in checked.obeyed} >= {"start", "resume", "checkpoint"}

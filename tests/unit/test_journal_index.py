@@ -11,7 +11,7 @@ from recovery.config import CheckpointConfig
 from recovery.run.checkpointer import Checkpointer
 from recovery.run.journal import Journal, events, index, read, read_numbered, steps_after
 from recovery.run.restoring import history
-from tests.conftest import tiny_state, train_steps
+from tests.conftest import record_and_save, tiny_state
 
 
 @pytest.fixture
@@ -171,18 +171,14 @@ def test_a_resume_after_a_journal_of_many_segments_compares_its_redone_steps(
     state = tiny_state()
     ck = Checkpointer(cfg, run, final_step=40, **kw)
     ck.restore(state)
-    for step in range(1, 29):
-        ck.record(step, loss=train_steps(state, 1)[0])
-        ck.maybe_save(state, step)
+    record_and_save(ck, state, range(1, 29))
     ck.journal._index = None  # "killed": nothing more reaches the index
     ck.close()
     assert len(index.segments_in(index.path_of(run / "metrics.jsonl").read_bytes())) >= 5
     state = tiny_state()
     with Checkpointer(cfg, run, final_step=40, **kw) as ck:
         assert ck.restore(state, "latest") == 24
-        for step in range(25, 33):
-            ck.record(step, loss=train_steps(state, 1)[0])
-            ck.maybe_save(state, step)
+        record_and_save(ck, state, range(25, 33))
     checks = [r for r in read(run / "metrics.jsonl") if r.get("event") == "resume_check"]
     assert checks[-1]["status"] == "exact" and checks[-1]["compared"] == 4
 
