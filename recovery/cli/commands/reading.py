@@ -53,9 +53,12 @@ def cmd_verify(args: argparse.Namespace) -> int:
         "delta": loaded.delta,
         "certificate": certificate.resumes(mf.recovery.get("lineage", [])),
     }
-    chain = (
-        f"; a delta of {loaded.delta['base']} (verified too)" if loaded.delta is not None else ""
-    )
+    chain = ""
+    if loaded.delta is not None:
+        links = loaded.delta["chain"]
+        chain = f"; a delta of {loaded.delta['base']}, verified too"
+        if len(links) > 1:
+            chain = f"{chain} with the {len(links) - 1} below it down to the full {links[0]}"
     emit(
         args,
         data,
@@ -81,15 +84,17 @@ def certificate_lines(resumes: list[dict[str, Any]]) -> list[str]:
 
 
 def delta_lines(delta: dict[str, Any] | None) -> list[str]:
-    """``inspect``'s lines about a delta: its base, bytes against the base's, and each
-    patched table's changed rows."""
+    """``inspect``'s lines about a delta: its base, its place in its chain, bytes against
+    the chain's full checkpoint's, and each patched table's changed rows."""
     if delta is None:
         return ["kind        full checkpoint"]
-    ratio = delta["bytes"] / delta["base_bytes"] if delta["base_bytes"] else 0.0
+    ratio = delta["bytes"] / delta["full_bytes"] if delta["full_bytes"] else 0.0
+    full = delta["chain"][0]
     return [
-        f"kind        delta {delta['sequence']} of {delta['base']} (step {delta['base_step']}, "
-        f"sha256 {delta['base_sha256']})",
-        f"bytes       {delta['bytes']} ({ratio:.1%} of its base's {delta['base_bytes']})",
+        f"kind        delta of {delta['base']} (step {delta['base_step']}, "
+        f"sha256 {delta['base_sha256']}), link {delta['sequence']} of the chain on {full}",
+        f"bytes       {delta['bytes']} ({ratio:.1%} of the full checkpoint's "
+        f"{delta['full_bytes']}; the chain below it: {delta['chain_bytes']})",
         *(
             f"  changed   {key}: {changed} of {rows} rows"
             for key, (changed, rows) in sorted(delta["tables"].items())

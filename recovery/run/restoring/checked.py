@@ -132,6 +132,7 @@ def delta_of(meta: dict[str, Any], mf: Manifest, links: Sequence[_Dir]) -> dict[
         "bytes": sum(r.size for r in mf.files),
         "base_bytes": sum(r.size for r in base.manifest.files),
         "chain_bytes": sum(r.size for link in links for r in link.manifest.files),
+        "full_bytes": sum(r.size for r in links[0].manifest.files),
         "tables": tables,
     }
 
