@@ -45,6 +45,7 @@ print(sorted({{m.split('.')[0] for m in sys.modules}} & {{"mlflow", "tensorboard
     assert sorted(p.relative_to(tmp_path).as_posix() for p in tmp_path.rglob("*")) == [
         "r",
         "r/metrics.jsonl",
+        "r/metrics.jsonl.index",  # the journal's own index, nothing of a tracker's
     ]
 
 

@@ -33,6 +33,7 @@ out cannot hide it.
 from __future__ import annotations
 
 import contextlib
+import errno
 import hashlib
 import json
 import logging
@@ -334,7 +335,7 @@ class Segmenter:
         if why is not None:
             if os.fstat(self._fh.fileno()).st_size:
                 log.info("%s: %s; indexing the journal afresh", self.path, why)
-            self._fh.truncate(0)
+            os.ftruncate(self._fh.fileno(), 0)
             segments = []
         seg = segments[-1].following() if segments else Segment(0, 1)
         for line in lines(data, seg.start, len(data)):
@@ -345,8 +346,11 @@ class Segmenter:
 
     def _close(self, seg: Segment) -> Segment:
         assert self._fh is not None
-        self._fh.write(seg.dumps() + "\n")
-        self._fh.flush()
+        # one write straight to the file (O_APPEND): nothing is left in a buffer that a
+        # failed write (a full disk) would try to write again at close
+        line = (seg.dumps() + "\n").encode()
+        if os.write(self._fh.fileno(), line) != len(line):
+            raise OSError(errno.EIO, "a short write of the journal's index")
         return seg.following()
 
     def wrote(self, line: str, record: dict[str, Any]) -> None:
