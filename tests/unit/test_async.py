@@ -130,11 +130,11 @@ def test_a_sync_save_of_a_device_state_goes_through_reused_staging_buffers(
     """A state off the host is staged (one copy into reused buffers), then written from
     them on the training thread: the same bytes as a host state's save. Here the state is
     on the CPU, taken for a device's; on the host itself nothing is staged."""
-    from recovery.run.writing import strategies
+    from recovery.run.writing import oneprocess
 
     trees = {}
     for device in (False, True):
-        monkeypatch.setattr(strategies, "on_device", lambda tree, device=device: device)
+        monkeypatch.setattr(oneprocess, "on_device", lambda tree, device=device: device)
         state = tiny_state()
         ck, journal = make(tmp_path / str(device), signer, trust, prov, every_steps=2, steps=6)
         ck.restore(state, None)

@@ -14,8 +14,8 @@ from recovery.integrity import nofollow
 from recovery.integrity.commits import full
 from recovery.integrity.keys import seal
 from recovery.integrity.keys.signing import Signer, TrustStore
-from recovery.run.journal import index
 from recovery.run.journal.reading import sealed_chain
+from recovery.run.journal.segmenter import Segmenter
 
 log = logging.getLogger(__name__)
 
@@ -63,7 +63,7 @@ class Journal:
         self._sealer: tuple[Signer, TrustStore] | None = None
         self._tip = ""  # the link of the last sealed event in the file ("": none)
         self._tip_known = False  # read from the file, or handed over by who read it
-        self._index = index.Segmenter(path) if path is not None else None
+        self._index = Segmenter(path) if path is not None else None
 
     def seal_with(self, signer: Signer, trust: TrustStore) -> None:
         """Seal the steering events written from now on with ``signer``, chained onto the
