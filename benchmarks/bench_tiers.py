@@ -36,11 +36,13 @@ calibration and both layouts with the persistent run directory on it, and unmoun
 Reported per layout (medians of ``--repeat`` runs): steps redone per failure (the last step
 the killed process journaled, less the step its successor resumed at), the checkpoint
 pause over the whole run (the training thread's time in saves and snapshots, waits
-included, from the journal), and from process start to the first step of each resumed
-process. And the local tier's resume against the raw read of its bytes:
-``recovery.run.restoring.choose.load`` of the newest snapshot the last killed process left
-(signature, every digest, decode) against reading its files into memory
-(``bench_tiers_resume.py``, which also measures each way of hashing on its own).
+included, from the journal; and the same before the final save's wait, paid once a run),
+from process start to the first step of each resumed process, and the time lost in all:
+the pause, and per failure the steps redone and the restart. And the local tier's resume
+against the raw read of its bytes: ``recovery.run.restoring.choose.load`` of the newest
+snapshot the last killed process left (signature, every digest, decode) against reading
+its files into memory (``bench_tiers_resume.py``, which also measures each way of hashing
+on its own).
 """
 
 from __future__ import annotations
@@ -396,8 +398,19 @@ def compare(args: argparse.Namespace, kills: list[int]) -> dict[str, Any]:
     results = {name: median_of(rs) for name, rs in runs.items()}
     out["load_average_after"] = os.getloadavg()
     out.update({name.replace(" ", "_"): r for name, r in results.items()})
+    for r in results.values():  # what the failures and the checkpoints cost the run in all
+        r["time_lost_s"] = time_lost(r, len(kills), args.step_ms / 1000.0)
     report(out, results, kills)
     return out
+
+
+def time_lost(result: dict[str, Any], kills: int, step_s: float) -> float:
+    """Seconds a layout's run lost in all: its checkpoint pause, and per failure the steps
+    it redid and its restart to the first step."""
+    restart = result["restart_to_first_step_s"] or 0.0
+    return float(
+        result["checkpoint_pause_s"] + kills * (result["redone_per_failure"] * step_s + restart)
+    )
 
 
 def report(out: dict[str, Any], results: dict[str, dict[str, Any]], kills: list[int]) -> None:
@@ -418,7 +431,7 @@ def report(out: dict[str, Any], results: dict[str, dict[str, Any]], kills: list[
             f"checkpoint pause {r['checkpoint_pause_s']:.2f} s "
             f"({r['overhead_vs_compute']:.1%} of compute; before the final save's wait "
             f"{r['pause_before_end_s']:.2f} s), restart to first step "
-            f"{r['restart_to_first_step_s'] or 0:.2f} s"
+            f"{r['restart_to_first_step_s'] or 0:.2f} s; lost in all {r['time_lost_s']:.1f} s"
         )
     if out.get("fewer_redone") is not None:
         print(
