@@ -70,12 +70,22 @@ class Segmenter:
 
     def wrote(self, line: str, record: dict[str, Any]) -> None:
         """The journal's writer appended ``line`` (its newline included) holding ``record``."""
-        if self._open is None:
+        seg = self._open
+        if seg is None:
             return
-        self._open.add(line[:-1].encode(), record)
-        if self._open.lines == index.SEGMENT_LINES:
+        step = record.get("step")
+        if "event" not in record and type(step) is int:
+            # the common case, a per-step record: its length (json.dumps writes ASCII, so a
+            # character is a byte) and its step, no copy of the line
+            seg.end += len(line)
+            seg.lines += 1
+            seg.low = step if seg.low is None or step < seg.low else seg.low
+            seg.high = step if seg.high is None or step > seg.high else seg.high
+        else:
+            seg.add(line[:-1].encode(), record)
+        if seg.lines == index.SEGMENT_LINES:
             try:
-                self._open = self._close(self._open)
+                self._open = self._close(seg)
             except OSError as err:
                 self._stop(err)
 

@@ -19,6 +19,10 @@ from recovery.run.journal.segmenter import Segmenter
 
 log = logging.getLogger(__name__)
 
+_ENCODER = json.JSONEncoder(separators=(",", ":"))
+"""One encoder for every line (``json.dumps`` with arguments builds one per call); ASCII
+only (``ensure_ascii``), so a line's characters are its bytes (the index counts on it)."""
+
 BEGIN_EVENTS = ("start", "warm_start", "resume")
 """The events a process journals when its run begins (fresh, warm-started, resumed)."""
 
@@ -146,7 +150,7 @@ class Journal:
                 try:
                     if self._fh is None:
                         self._fh = self._open(self.path)
-                    line = json.dumps(self._sealed(record), separators=(",", ":")) + "\n"
+                    line = _ENCODER.encode(self._sealed(record)) + "\n"
                     self._fh.write(line)
                     self._fh.flush()
                     if self._index is not None:
