@@ -196,3 +196,31 @@ def test_a_segment_that_no_longer_lies_on_whole_lines_sends_the_reader_whole(tmp
         assert seen is not None  # the cheap checks pass ...
     assert steps_after(p, 0) == whole_after(p, 0)  # ... reading a segment does not
     assert steps_after(p, 0)[7]["loss"] == 0.555
+
+
+def test_a_resume_of_an_old_journal_indexes_it_first_and_reads_it_through_the_index(
+    tmp_path, small, signer, trust, prov, monkeypatch
+):
+    """A journal written before the index existed: the resume's writer indexes it once,
+    before it reads, and nothing reads it whole."""
+    from recovery.run.journal import reading
+
+    kw = {"signer": signer, "trust": trust, "provenance": prov, "preemption": False}
+    run = tmp_path / "r"
+    state = tiny_state()
+    with Checkpointer(CheckpointConfig(every_steps=4), run, final_step=20, **kw) as ck:
+        ck.restore(state)
+        record_and_save(ck, state, range(1, 11))
+    index.path_of(run / "metrics.jsonl").unlink()  # as an older version left it
+    wholes = []
+    real = reading.read_numbered
+    monkeypatch.setattr(reading, "read_numbered", lambda p: wholes.append(p) or real(p))
+    state = tiny_state()
+    with Checkpointer(CheckpointConfig(every_steps=4), run, final_step=20, **kw) as ck:
+        assert ck.restore(state, "latest") == 8
+        record_and_save(ck, state, range(9, 13))
+    assert not wholes
+    checks = [r for r in read(run / "metrics.jsonl") if r.get("event") == "resume_check"]
+    assert checks[-1]["status"] == "exact" and checks[-1]["compared"] == 2
+    with index.view(run / "metrics.jsonl") as seen:
+        assert seen is not None and seen.tail.start == seen.tail.end

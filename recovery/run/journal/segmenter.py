@@ -7,6 +7,7 @@ import errno
 import logging
 import mmap
 import os
+import stat
 from pathlib import Path
 from typing import IO, Any
 
@@ -109,3 +110,26 @@ class Segmenter:
             err,
         )
         self._open = None
+
+
+def catch_up(journal: Path) -> None:
+    """Index what no segment of ``journal``'s index covers yet (a journal written before
+    the index existed, a killed writer's last lines), so that every read after it goes
+    through the index: a resume's history, its self-check, its writer's start. Only the
+    journal's writer calls it, under the run's lock, before it reads. A journal whose last
+    line is torn is left to the writer's start, which ends that line first."""
+    try:
+        fd = os.open(journal, os.O_RDONLY | os.O_NOFOLLOW | os.O_NONBLOCK | os.O_CLOEXEC)
+    except OSError:
+        return  # none yet, or a link: the writer's open says so
+    try:
+        st = os.fstat(fd)
+        if not stat.S_ISREG(st.st_mode) or not st.st_size:
+            return
+        if os.pread(fd, 1, st.st_size - 1) != b"\n":
+            return
+        segmenter = Segmenter(journal)
+        segmenter.start(fd)
+        segmenter.close()
+    finally:
+        os.close(fd)

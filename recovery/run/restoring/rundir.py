@@ -18,6 +18,7 @@ from recovery.integrity.commits.lock import RunLock
 from recovery.integrity.keys.signing import TrustStore
 from recovery.parallel import world as distributed
 from recovery.parallel.world import World
+from recovery.run.journal import segmenter
 from recovery.run.restoring import branches, history
 from recovery.run.restoring.history import History
 from recovery.run.saving import retention
@@ -50,6 +51,7 @@ def prepare(
             Path(tempfile.mkdtemp(prefix=".recovery-probe-", dir=run_dir)).rmdir()
             commit.remove_stale(run_dir)
             retention.tidy_best(run_dir)
+            segmenter.catch_up(journal)  # an old journal indexed once, then read through it
             past = history.read(journal, events_trust)
             branches.finish(run_dir, past)
         except OSError as err:
