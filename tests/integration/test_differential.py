@@ -65,31 +65,29 @@ def test_sigkill_after_a_delta_then_resume_latest_is_bit_identical(
 PHASES = ("write", "before-manifest", "before-rename")
 
 
+@pytest.mark.parametrize("step", [30, 40], ids=["a link", "a consolidation"])
 def test_chained_deltas_killed_at_every_commit_phase_of_a_link_and_of_a_consolidation(
-    tmp_path, trainer, trust, diff_data
+    tmp_path, trainer, trust, diff_data, step
 ):
     """Saves 10 (full), 20 (a delta of 10), 30 (a delta of 20: a link), 40 (full: the chain
     consolidated), 50, ... 80: SIGKILL in each commit phase of 30 and of 40, then +resume=latest,
     is the uninterrupted run bit for bit, every link of it."""
     reference = trainer(tmp_path / "ref", *DIFF, data=diff_data)
     assert reference.returncode == 0, reference.output
-    for step in (30, 40):
-        for phase in PHASES:
-            root = tmp_path / f"{phase}-{step}"
-            point = f"commit-{phase}-{step}"
-            first = trainer(root, *DIFF, pause_at=point, data=diff_data)
-            assert first.returncode == -9, point
-            assert [s for s, _ in scan(first.run_dir).committed] == [10, 20, 30][: step // 10 - 1]
-            second = trainer(root, *DIFF, "+resume=latest", data=diff_data)
-            assert second.returncode == 0, second.output
-            (resumed,) = [
-                r for r in read(second.run_dir / METRICS_FILE) if r.get("event") == "resume"
-            ]
-            assert resumed["step"] == step - 10, point
-            assert_same_run(reference.run_dir, second.run_dir, trust)
-            for s in (50, 60, 80):  # every link kept restores, its chain whole
-                loaded = choose.load(second.run_dir / step_dir_name(s), trust)
-                assert loaded.delta["base"] == step_dir_name(s - 10), (point, s)
+    for phase in PHASES:
+        root = tmp_path / phase
+        point = f"commit-{phase}-{step}"
+        first = trainer(root, *DIFF, pause_at=point, data=diff_data)
+        assert first.returncode == -9, point
+        assert [s for s, _ in scan(first.run_dir).committed] == [10, 20, 30][: step // 10 - 1]
+        second = trainer(root, *DIFF, "+resume=latest", data=diff_data)
+        assert second.returncode == 0, second.output
+        (resumed,) = [r for r in read(second.run_dir / METRICS_FILE) if r.get("event") == "resume"]
+        assert resumed["step"] == step - 10, point
+        assert_same_run(reference.run_dir, second.run_dir, trust)
+        for s in (50, 60, 80):  # every link kept restores, its chain whole
+            loaded = choose.load(second.run_dir / step_dir_name(s), trust)
+            assert loaded.delta["base"] == step_dir_name(s - 10), (point, s)
 
 
 def test_export_and_warm_start_read_a_delta_through_its_base(
