@@ -63,17 +63,23 @@ def component(where: Path, name: str, headers: Headers, documents: Documents) ->
     return out
 
 
+Link = tuple[Path, Headers, Documents, Rows | None]
+"""A checkpoint of a delta's chain: its path, headers, documents and (when kept) the
+verified bytes of its row indexes."""
+
+
 def check(
     where: Path,
     doc: dict[str, Any],
     headers: Headers,
     documents: Documents,
-    bases: Sequence[tuple[Path, Headers, Documents]],
+    bases: Sequence[Link],
     rows: Rows | None = None,
 ) -> None:
     """Refuse what decoding ``doc``'s components would refuse (see the module), a delta's
-    against its chain of ``bases`` (each one's path, headers and documents, the full
-    checkpoint first), its row indexes' values too when ``rows`` gives their verified bytes.
+    against its chain of ``bases`` (the full checkpoint first), the row indexes' values
+    too, its own and each link's, where ``rows`` (a link's fourth item) gives their
+    verified bytes.
 
     Raises:
         FormatError: naming the file, with the decoder's message.
@@ -88,14 +94,10 @@ def check(
         fname = where / tensor_file(name)
         flat = component(where, name, headers, documents)
         if bases and patched.get(name):
-            old = whole(bases, name)
-            files = component_files(where, name, headers, documents) if rows else []
-
-            def stored_rows(key: str, files: list[str] = files) -> bytes | None:
-                found = (rows(f, key) for f in files) if rows is not None else iter(())
-                return next((b for b in found if b is not None), None)
-
-            flat = _patch(flat, old, patched[name], where=str(fname), row_bytes=stored_rows)
+            rows_of = _row_reader(where, name, headers, documents, rows)
+            flat = _patch(
+                flat, whole(bases, name), patched[name], where=str(fname), row_bytes=rows_of
+            )
         for key in sorted(statedoc.tensor_refs(skeleton)):
             if key not in flat:
                 raise FormatError(
@@ -104,31 +106,41 @@ def check(
                 )
 
 
-def whole(links: Sequence[tuple[Path, Headers, Documents]], name: str) -> dict[str, Entry]:
+def _row_reader(
+    where: Path, name: str, headers: Headers, documents: Documents, rows: Rows | None
+) -> Callable[[str], bytes | None]:
+    """The verified bytes of a component's stored row indexes, by key (``None``: not kept)."""
+    files = component_files(where, name, headers, documents) if rows else []
+
+    def stored_rows(key: str) -> bytes | None:
+        found = (rows(f, key) for f in files) if rows is not None else iter(())
+        return next((b for b in found if b is not None), None)
+
+    return stored_rows
+
+
+def whole(links: Sequence[Link], name: str) -> dict[str, Entry]:
     """A component's tensors at the last of ``links`` (a chain, the full checkpoint first)
-    as the decoder would rebuild them: the full one's, patched by each delta in turn.
+    as the decoder would rebuild them: the full one's, patched by each delta in turn, each
+    link's row indexes checked as the decoder checks them.
 
     Raises:
         FormatError: a link that does not patch the one before it.
     """
-    where, headers, documents = links[0]
+    where, headers, documents, _ = links[0]
     flat = component(where, name, headers, documents)
-    for where, headers, documents in links[1:]:
+    for where, headers, documents, rows in links[1:]:
         stored = component(where, name, headers, documents)
         doc = statedoc.parse(documents(STATE_FILE), where)
         tables = statedoc.patched(doc, where=where / STATE_FILE).get(name)
-        fname = str(where / tensor_file(name))
-        flat = (
-            _patch(stored, flat, tables, where=fname, row_bytes=lambda _: None)
-            if tables
-            else stored
-        )
+        if tables:
+            rows_of = _row_reader(where, name, headers, documents, rows)
+            flat = _patch(
+                stored, flat, tables, where=str(where / tensor_file(name)), row_bytes=rows_of
+            )
+        else:
+            flat = stored
     return flat
-
-
-def _unread(key: str) -> bytes | None:
-    """A base's row indexes were checked with the base: not again."""
-    return None
 
 
 def _patch(

@@ -9,6 +9,7 @@ from torch import nn
 from recovery.config import CheckpointConfig, DifferentialConfig
 from recovery.errors import BrokenChainError
 from recovery.format.layout import BEST_DIR, scan, step_dir_name
+from recovery.integrity.keys.signing import Signer, generate_keypair
 from recovery.integrity.reads import chain
 from recovery.run.checkpointer import Checkpointer
 from recovery.run.journal import Journal, read
@@ -316,18 +317,64 @@ def test_verify_refuses_the_delta_rows_the_loader_refuses_without_torch(
     """Row indexes out of range, negative or duplicated, re-signed by an untrusted key:
     the torch-free check (recovery verify --allow-untrusted) refuses what resuming does,
     in the same words."""
-    import array
-    import hashlib
-
-    from recovery.errors import FormatError
-    from recovery.format import safeheader
-    from recovery.format.statedoc import ROWS
-    from recovery.integrity.keys.signing import Signer, TrustStore, generate_keypair
-    from recovery.run.restoring import checked
-    from tests.conftest import resign
 
     diff, _ = chain_run
     target = diff / step_dir_name(12)
+    key = forge_rows(target, forge, tmp_path)
+    loaded, verified = both_refusals(target)
+    said = f"patched table {key!r}: {problem.format(n=entry_rows(diff, key))}"
+    assert said in loaded and said in verified
+    assert verified.endswith(loaded.split(": patched table", 1)[1])
+
+
+def test_verify_refuses_bad_rows_in_a_link_below_the_delta_it_verifies(linked_run, tmp_path):
+    """A middle link's row indexes forged (and the chain re-signed by an untrusted key to
+    hold together): verifying the delta above it refuses what resuming it does."""
+    from recovery.integrity.keys.signing import TrustStore
+    from recovery.integrity.reads import reader
+    from tests.conftest import resign
+
+    linked, _, _ = linked_run
+    middle, top = linked / step_dir_name(10), linked / step_dir_name(12)
+    key = forge_rows(middle, lambda idx: idx.__setitem__(-1, 10**6), tmp_path)
+    root = reader.read_manifest(middle, TrustStore(), allow_untrusted=True).root
+
+    other = Signer(generate_keypair(tmp_path / "other-top")[0])
+
+    def rebase(statement):
+        statement["predicate"]["recovery"]["base"]["digest"] = root
+        statement["predicate"]["recovery"]["signer"] = other.describe()
+
+    resign(top, other, rebase)
+    loaded, verified = both_refusals(top)
+    said = f"patched table {key!r}: rows outside"
+    assert said in loaded and said in verified
+
+
+def both_refusals(path):
+    """The FormatError messages of resuming ``path`` and of verifying it without torch
+    (untrusted keys allowed): both must refuse."""
+    from recovery.errors import FormatError
+    from recovery.integrity.keys.signing import TrustStore
+    from recovery.run.restoring import checked
+
+    with pytest.raises(FormatError) as loaded:
+        choose.load(path, TrustStore(), allow_untrusted=True)
+    with pytest.raises(FormatError) as verified:
+        checked.check(path, TrustStore(), allow_untrusted=True)
+    return str(loaded.value), str(verified.value)
+
+
+def forge_rows(target, forge, tmp_path):
+    """Rewrite one row index of two or more rows in ``target``'s tensor files with
+    ``forge`` and re-sign it with a new, untrusted key; the patched table's key."""
+    import array
+    import hashlib
+
+    from recovery.format import safeheader
+    from recovery.format.statedoc import ROWS
+    from tests.conftest import resign
+
     for file in sorted(target.glob("*.safetensors")):
         data = bytearray(file.read_bytes())
         header = safeheader.parse(bytes(data), len(data), name=str(file))
@@ -335,7 +382,7 @@ def test_verify_refuses_the_delta_rows_the_loader_refuses_without_torch(
         if found:
             break
     else:
-        pytest.fail("no delta row index of two or more rows in step 12")
+        pytest.fail(f"no delta row index of two or more rows in {target.name}")
     entry = found[0]
     begin, end = header.start + entry.begin, header.start + entry.end
     idx = array.array("q", bytes(data[begin:end]))
@@ -344,8 +391,7 @@ def test_verify_refuses_the_delta_rows_the_loader_refuses_without_torch(
     file.chmod(0o644)
     file.write_bytes(bytes(data))
     digest = hashlib.sha256(bytes(data)).hexdigest()
-
-    other = Signer(generate_keypair(tmp_path / "other")[0])
+    other = Signer(generate_keypair(tmp_path / f"other-{target.name}")[0])
 
     def edit(statement):
         for res in statement["predicate"]["resources"]:
@@ -354,14 +400,7 @@ def test_verify_refuses_the_delta_rows_the_loader_refuses_without_torch(
         statement["predicate"]["recovery"]["signer"] = other.describe()
 
     resign(target, other, edit)
-    key = entry.key[len(ROWS) :]
-    with pytest.raises(FormatError) as loaded:
-        choose.load(target, TrustStore(), allow_untrusted=True)
-    with pytest.raises(FormatError) as verified:
-        checked.check(target, TrustStore(), allow_untrusted=True)
-    said = f"patched table {key!r}: {problem.format(n=entry_rows(diff, key))}"
-    assert said in str(loaded.value) and said in str(verified.value)
-    assert str(verified.value).endswith(str(loaded.value).split(": patched table", 1)[1])
+    return entry.key[len(ROWS) :]
 
 
 def entry_rows(diff, key):
@@ -474,3 +513,23 @@ def test_a_resume_from_any_link_trains_the_same_run_bit_for_bit(
         b = choose.load(job / step_dir_name(step), trust)
         assert (a.delta or {}).get("chain") == (b.delta or {}).get("chain"), step
         assert_same(a.decoded.tree, b.decoded.tree)
+
+
+def test_a_best_whose_chain_collides_with_the_kept_best_after_a_branch_is_not_copied(
+    tmp_path, signer, trust, prov, caplog
+):
+    """A branch from step 2 writes 4 and 6 again: a new best at 6 stands on another step 4
+    than the kept best does. Copying its chain would replace the kept best's link in place,
+    so it is not copied, and the kept best stays whole."""
+    cfg = differential_config(
+        tmp_path, CHAINED, keep_last=10, keep_best=True, best_metric="score", best_mode="max"
+    )
+    run_dir = _train(cfg, tmp_path, 6, signer, trust, prov, sparse_state(), score={6: 1})
+    best = run_dir / BEST_DIR
+    kept = {p.name: choose.load(p, trust).manifest.root for _, p in scan(best).committed}
+    assert sorted(kept) == [step_dir_name(s) for s in (2, 4, 6)]
+    _train(cfg, tmp_path, 8, signer, trust, prov, sparse_state(), resume_spec=2, score={6: 5})
+    assert "is not copied as the best" in caplog.text
+    now = {p.name: choose.load(p, trust).manifest.root for _, p in scan(best).committed}
+    assert now == kept
+    assert choose.select(run_dir, "best", trust).path == best / step_dir_name(6)

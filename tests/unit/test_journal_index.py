@@ -224,3 +224,53 @@ def test_a_resume_of_an_old_journal_indexes_it_first_and_reads_it_through_the_in
     assert checks[-1]["status"] == "exact" and checks[-1]["compared"] == 2
     with index.view(run / "metrics.jsonl") as seen:
         assert seen is not None and seen.tail.start == seen.tail.end
+
+
+def test_odd_lines_read_the_same_through_the_index_and_whole(tmp_path, small):
+    """A line ends at a newline only, in both reads: a lone CR (JSON whitespace) and a raw
+    U+2028 in a string do not end one; a form feed, a BOM or bytes that are not UTF-8
+    make a line malformed in both."""
+    from recovery.run.journal import segmenter
+
+    p = tmp_path / "m.jsonl"
+    raw = [
+        b'{"event":"start","run_id":"a"}',
+        b'{"step":1,"loss":1}',
+        '{"event":"note","text":"a\u2028b"}'.encode(),
+        b'{"step":2,\r"loss":2}',
+        b'{"step":3,"loss":3}\x0c',
+        b"\xef\xbb\xbf" + b'{"step":4,"loss":4}',
+        b'{"step":5,"loss":"\xff"}',
+        b'{"event":"checkpoint","step":5}',
+        b'{"step":6,"loss":6}',
+    ]
+    p.write_bytes(b"\n".join(raw) + b"\n")
+    segmenter.catch_up(p)
+    with index.view(p) as seen:
+        assert seen is not None and len(seen.segments) == 2
+    assert events(p) == whole_events(p) == [(1, raw_event(raw[0])), (3, raw_event(raw[2])),
+                                              (8, raw_event(raw[7]))]  # fmt: skip
+    assert steps_after(p, 0) == whole_after(p, 0)
+    assert sorted(steps_after(p, 0)) == [1, 2, 6]  # a form feed is no JSON whitespace
+
+
+def raw_event(line):
+    return json.loads(line.decode())
+
+
+@pytest.mark.parametrize("forgery", ["steps not a range", "a step line named an event"])
+def test_a_forged_index_is_not_believed(tmp_path, small, forgery):
+    p = tmp_path / "m.jsonl"
+    write(p, run_of(30))
+    ipath = index.path_of(p)
+    lines_ = [json.loads(x) for x in ipath.read_text().splitlines()]
+    if forgery == "steps not a range":
+        lines_[2]["steps"] = ["a", "b"]
+    else:  # the second segment's first line, a per-step record, listed with its digest
+        data = p.read_bytes()
+        at = lines_[1]["from"]
+        end = data.index(b"\n", at)
+        lines_[1]["events"].insert(0, [at, end - at, lines_[1]["line"], index.digest(data[at:end])])
+    ipath.write_text("".join(json.dumps(x) + "\n" for x in lines_))
+    assert events(p) == whole_events(p)
+    assert steps_after(p, 12) == whole_after(p, 12)

@@ -26,8 +26,10 @@ the writer's next start indexes the journal afresh. What follows the last
 segment (the one a killed writer never indexed, lines another tool appended) is
 always read whole. The events found through it are checked by their seals as
 any others (:mod:`recovery.integrity.keys.seal`), and a reader that finds the
-chain broken reads the whole journal again, so an index that leaves an event
-out cannot hide it.
+chain broken reads the whole journal again, so an index that leaves out an event
+with a sealed one after it cannot hide it; leaving out the last ones hides them
+as cutting the journal's tail would (the threat model's limit: nothing after
+the tail authenticates it).
 """
 
 from __future__ import annotations
@@ -36,12 +38,12 @@ import contextlib
 import hashlib
 import json
 import logging
-import mmap
 import os
 import stat
 from collections.abc import Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
+from typing import overload
 
 from recovery.format import bounded
 
@@ -130,31 +132,74 @@ class Segment:
         if d.get("v") != VERSION or not all(type(i) is int for i in ints):
             raise ValueError("not a version-1 segment")
         steps = d["steps"] or [None, None]
-        events = [(int(o), int(n), int(k), str(h)) for o, n, k, h in d["events"]]
+        if steps != [None, None] and not (
+            len(steps) == 2 and all(type(x) is int for x in steps) and steps[0] <= steps[1]
+        ):
+            raise ValueError(f"steps {steps!r} are no range of steps")
+        events = [(o, n, k, h) for o, n, k, h in d["events"]]
+        if not all(type(x) is int for e in events for x in e[:3]) or not all(
+            type(e[3]) is str for e in events
+        ):
+            raise ValueError("an event entry is not (offset, length, line, digest)")
         return cls(d["from"], d["line"], d["to"], d["lines"], steps[0], steps[1], events)
 
 
-def lines(data: bytes | mmap.mmap, start: int, end: int) -> Iterator[bytes]:
-    """The lines of ``data[start:end]`` without their newlines (a last one without its
-    newline too: a torn line)."""
-    while start < end:
-        stop = data.find(b"\n", start, end)
-        stop = end if stop < 0 else stop
-        yield bytes(data[start:stop])
-        start = stop + 1
+class FileBytes:
+    """The bytes of an open file, read (``pread``) where asked: no mapping, so a file that
+    shrinks under a reader is a short read, never a SIGBUS, and a file system that cannot
+    map files (FUSE with ``direct_io``) reads as any other."""
+
+    def __init__(self, fd: int) -> None:
+        self.fd = fd
+        self.size = os.fstat(fd).st_size
+
+    def __len__(self) -> int:
+        return self.size
+
+    @overload
+    def __getitem__(self, key: int) -> int: ...
+
+    @overload
+    def __getitem__(self, key: slice) -> bytes: ...
+
+    def __getitem__(self, key: int | slice) -> int | bytes:
+        if isinstance(key, slice):
+            start, stop, _ = key.indices(self.size)
+            return os.pread(self.fd, max(0, stop - start), start)
+        at = key + self.size if key < 0 else key
+        got = os.pread(self.fd, 1, at) if 0 <= at < self.size else b""
+        if not got:
+            raise IndexError(f"byte {key} is past the end of the file")
+        return got[0]
+
+
+Data = bytes | FileBytes
+
+
+def lines(data: Data, start: int, end: int) -> Iterator[bytes]:
+    """The lines of ``data[start:end]``, each up to a newline and without it (a last one
+    without its newline too: a torn line). A line ends at ``\n`` only, in the index and in
+    the whole read alike (:func:`recovery.run.journal.reading.read_numbered`)."""
+    if start >= end:
+        return
+    chunk = bytes(data[start:end])
+    parts = chunk.split(b"\n")
+    if chunk.endswith(b"\n"):
+        parts.pop()
+    yield from parts
 
 
 def parsed(line: bytes) -> object:
-    """What one journal line holds (``None``: blank, torn or malformed)."""
+    """What one journal line holds (``None``: blank, torn, not UTF-8 or malformed)."""
     if not line.strip():
         return None
     try:
-        return bounded.json_loads(line)
+        return bounded.json_loads(line.decode("utf-8"))  # a BOM is malformed, as in the whole read
     except ValueError:
         return None
 
 
-def mismatch(segments: list[Segment], data: bytes | mmap.mmap, size: int) -> str | None:
+def mismatch(segments: list[Segment], data: Data, size: int) -> str | None:
     """Why ``segments`` do not describe the journal ``data`` of ``size`` bytes (``None``:
     they do: contiguous from byte 0, the last ending a line, every event there byte for
     byte; each segment's own ends are checked when it is read: :meth:`View.records`)."""
@@ -193,7 +238,7 @@ def segments_in(text: bytes) -> list[Segment]:
 class View:
     """A journal seen through its index, which matches it."""
 
-    data: bytes | mmap.mmap
+    data: Data
     segments: list[Segment]
     tail: Segment
     """What follows the last segment, to the end of the file: read whole."""
@@ -205,8 +250,12 @@ class View:
             Stale: ``seg`` does not begin and end on line boundaries, or holds another
                 number of lines than the index says.
         """
-        starts = seg.start == 0 or self.data[seg.start - 1] == 0x0A
-        if seg is not self.tail and (not starts or self.data[seg.end - 1] != 0x0A):
+        try:
+            starts = seg.start == 0 or self.data[seg.start - 1] == 0x0A
+            ends = seg is self.tail or self.data[seg.end - 1] == 0x0A
+        except (IndexError, OSError) as err:  # the journal shrank under the reader
+            raise Stale(f"the segment at byte {seg.start} is past the journal ({err})") from err
+        if seg is not self.tail and not (starts and ends):
             raise Stale(f"the segment at byte {seg.start} does not lie on whole lines")
         count = 0
         for n, line in enumerate(lines(self.data, seg.start, seg.end), seg.line):
@@ -216,11 +265,18 @@ class View:
         if seg is not self.tail and count != seg.lines:
             raise Stale(f"the segment at byte {seg.start} holds {count} lines, not {seg.lines}")
 
-    def events(self) -> Iterator[tuple[int, object]]:
-        """(line number, what it parsed as) of each event line the segments name."""
+    def events(self) -> Iterator[tuple[int, dict[str, object]]]:
+        """(line number, record) of each event line the segments name.
+
+        Raises:
+            Stale: a line it names is no event (its digest matched: the index lies).
+        """
         for seg in self.segments:
             for offset, length, n, _ in seg.events:
-                yield n, parsed(bytes(self.data[offset : offset + length]))
+                record = parsed(bytes(self.data[offset : offset + length]))
+                if not isinstance(record, dict) or "event" not in record:
+                    raise Stale(f"line {n}, which the index names as an event, is none")
+                yield n, record
 
 
 _PARSED: dict[tuple[int, int, int, int], list[Segment]] = {}
@@ -267,17 +323,6 @@ def _read_index(path: Path) -> list[Segment] | None:
 
 
 @contextlib.contextmanager
-def mapped(fd: int) -> Iterator[bytes | mmap.mmap]:
-    """The bytes of the open file ``fd``, mapped (read-only) while the block runs."""
-    size = os.fstat(fd).st_size
-    if size == 0:
-        yield b""
-        return
-    with mmap.mmap(fd, size, access=mmap.ACCESS_READ) as data:
-        yield data
-
-
-@contextlib.contextmanager
 def view(journal: Path) -> Iterator[View | None]:
     """``journal`` through its index while the block runs (``None``: no index that matches
     it: read the whole journal)."""
@@ -289,8 +334,18 @@ def view(journal: Path) -> Iterator[View | None]:
     if segments is None:
         yield None
         return
-    with journal.open("rb") as fh, mapped(fh.fileno()) as data:
-        why = mismatch(segments, data, len(data))
+    try:
+        fh = journal.open("rb")
+    except OSError as err:
+        log.info("%s: not read through its index (%s)", journal, err)
+        yield None
+        return
+    with fh:
+        data = FileBytes(fh.fileno())
+        try:
+            why = mismatch(segments, data, len(data))
+        except OSError as err:
+            why = f"not read: {err}"
         if why is not None:
             log.info("%s does not match %s (%s): reading it whole", path_of(journal), journal, why)
             yield None

@@ -20,13 +20,15 @@ log = logging.getLogger(__name__)
 
 def read_numbered(path: Path) -> list[tuple[int, dict[str, Any]]]:
     """Every parseable record with its line number, in file order (a torn or malformed
-    line, or one that is no JSON object, is skipped with a warning)."""
+    line, one that is not UTF-8, or one that is no JSON object, is skipped with a warning).
+    A line ends at ``\n`` only, as the index counts lines (:func:`.index.lines`)."""
     records = []
-    for n, line in enumerate(path.read_text(encoding="utf-8").splitlines(), 1):
-        if not line.strip():
+    data = path.read_bytes()
+    for n, raw in enumerate(index.lines(data, 0, len(data)), 1):
+        if not raw.strip():
             continue
         try:
-            record = bounded.json_loads(line)
+            record = bounded.json_loads(raw.decode("utf-8"))
         except ValueError as err:
             log.warning("%s:%d: skipping a torn or malformed record (%s)", path, n, err)
             continue
@@ -65,9 +67,13 @@ def events(path: Path, *, whole: bool = False) -> list[tuple[int, dict[str, Any]
     with index.view(path) as seen:
         if seen is None or whole:
             return [(n, r) for n, r in read_numbered(path) if "event" in r]
-        found = _objects(seen.events(), path)
-        found += [(n, r) for n, r in _objects(seen.records(seen.tail), path) if "event" in r]
-        return found
+        try:
+            found: list[tuple[int, dict[str, Any]]] = list(seen.events())
+            tail = _objects(seen.records(seen.tail), path)
+        except index.Stale as err:
+            log.info("%s: %s; reading it whole", path, err)
+            return [(n, r) for n, r in read_numbered(path) if "event" in r]
+        return found + [(n, r) for n, r in tail if "event" in r]
 
 
 def steps_after(path: Path, step: int) -> dict[int, dict[str, Any]]:

@@ -5,7 +5,6 @@ from __future__ import annotations
 
 import errno
 import logging
-import mmap
 import os
 import stat
 from pathlib import Path
@@ -14,7 +13,7 @@ from typing import IO, Any
 from recovery.errors import RecoveryError
 from recovery.integrity import nofollow
 from recovery.run.journal import index
-from recovery.run.journal.index import Segment, lines, mapped, mismatch, parsed, path_of
+from recovery.run.journal.index import FileBytes, Segment, lines, mismatch, parsed, path_of
 
 log = logging.getLogger(__name__)
 
@@ -36,12 +35,11 @@ class Segmenter:
         """Index what the journal open at ``fd`` (ending on a newline) holds beyond the index."""
         try:
             self._fh = nofollow.open_append(self.path, "the journal's index")
-            with mapped(fd) as data:
-                self._open = self._catch_up(data)
+            self._open = self._catch_up(FileBytes(fd))
         except (OSError, RecoveryError) as err:
             self._stop(err)
 
-    def _catch_up(self, data: bytes | mmap.mmap) -> Segment:
+    def _catch_up(self, data: index.Data) -> Segment:
         assert self._fh is not None
         try:
             segments = index.read_segments(self._fh.fileno())

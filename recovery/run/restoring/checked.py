@@ -75,7 +75,7 @@ def check(path: Path, trust: TrustStore, *, allow_untrusted: bool = False) -> Ch
         fetch=fetch_base,
     )
     doc = statedoc.parse(checked.document(STATE_FILE), path)
-    theirs = [(b.path, b.header, b.document) for b in links]
+    theirs = [(b.path, b.header, b.document, b.row_bytes) for b in links]
     tensorrefs.check(path, doc, checked.header, checked.document, theirs, checked.row_bytes)
     meta = statedoc.meta(doc)
     have = contract(path, mf, doc["components"], meta, {r.name for r in mf.files})
