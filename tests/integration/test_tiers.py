@@ -121,3 +121,23 @@ def test_the_tiers_benchmark_runs_end_to_end(tmp_path):
     assert result["intervals"] == {"given": True, "every": 6, "local_every": 2}
     assert two["local_resume"]["verified_load_s"] > 0
     assert "two tiers: " in done.stdout and "local resume: verified load" in done.stdout
+
+
+def test_the_tiers_benchmark_runs_on_a_slow_store_it_mounts_and_unmounts(tmp_path):
+    """make bench-tiers' slow-store line, tiny: the persistent run directory on a throttled
+    FUSE mount under --dir, gone again once the bench is done."""
+    from tests import launcher
+    from tests.integration.test_slowstore import slowstore
+
+    slowstore()  # skips, naming what to install, where FUSE is missing
+    out = tmp_path / "bench.json"
+    cmd = [sys.executable, str(ROOT / "benchmarks" / "bench_tiers.py"), "--size-mb", "1"]
+    cmd += ["--steps", "12", "--step-ms", "1", "--kills", "1", "--every", "6"]
+    cmd += ["--local-every", "2", "--dir", str(tmp_path), "--shm", str(tmp_path / "shm")]
+    cmd += ["--layouts", "two", "--store-mbps", "200"]
+    done = launcher.run([*cmd, "--json", str(out)], capture_output=True, text=True, timeout=300)
+    assert done.returncode == 0, done.stdout + done.stderr
+    store = json.loads(out.read_text())["stores"]["200"]
+    assert store["store_mbps"] == 200 and store["two_tiers"]["runs"][0]["redone"]
+    assert "slow store of 200 MB/s" in done.stdout
+    assert not [p for p in tmp_path.rglob("*") if os.path.ismount(p)]

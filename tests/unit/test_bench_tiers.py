@@ -79,3 +79,9 @@ def test_a_run_summary_counts_redone_steps_and_every_pause():
     assert got["redone"] == [2, 2] and got["restart_to_first_step_s"] == 2.0
     assert got["checkpoint_pause_s"] == pytest.approx(0.1 + 0.2 + 0.3 + 0.4 + 0.1)
     assert (got["pauses"], got["skipped"]) == (3, 1)
+    # the last save's wait (for the write in flight) is paid once a run: told apart
+    assert got["end_wait_s"] == 0.4
+    assert got["pause_before_end_s"] == pytest.approx(got["checkpoint_pause_s"] - 0.4)
+    # lost in all: the pause, and per failure the redone steps and the restart
+    lost = bench.time_lost({**got, "redone_per_failure": 2.0}, kills=2, step_s=0.5)
+    assert lost == pytest.approx(got["checkpoint_pause_s"] + 2 * (2.0 * 0.5 + 2.0))

@@ -306,15 +306,23 @@ def read_segments(fd: int) -> list[Segment]:
     return list(_PARSED[key])
 
 
+def open_plain(path: Path) -> int | None:
+    """``path`` opened to read, never through a symlink (nor blocking on a FIFO); ``None``:
+    no such file, a link, or unreadable."""
+    try:
+        return os.open(path, os.O_RDONLY | os.O_NOFOLLOW | os.O_NONBLOCK | os.O_CLOEXEC)
+    except OSError:
+        return None
+
+
 def _read_index(path: Path) -> list[Segment] | None:
     """The index file's segments, never through a symlink (``None``: no index file).
 
     Raises:
         ValueError: what :func:`read_segments` raises.
     """
-    try:
-        fd = os.open(path, os.O_RDONLY | os.O_NOFOLLOW | os.O_NONBLOCK | os.O_CLOEXEC)
-    except OSError:
+    fd = open_plain(path)
+    if fd is None:
         return None
     try:
         return read_segments(fd)

@@ -116,9 +116,8 @@ def catch_up(journal: Path) -> None:
     through the index: a resume's history, its self-check, its writer's start. Only the
     journal's writer calls it, under the run's lock, before it reads. A journal whose last
     line is torn is left to the writer's start, which ends that line first."""
-    try:
-        fd = os.open(journal, os.O_RDONLY | os.O_NOFOLLOW | os.O_NONBLOCK | os.O_CLOEXEC)
-    except OSError:
+    fd = index.open_plain(journal)
+    if fd is None:
         return  # none yet, or a link: the writer's open says so
     try:
         st = os.fstat(fd)

@@ -6,7 +6,8 @@ every ``full_every``-th, is a full checkpoint; the saves between are *deltas*
 else whole) of a *base*: with ``against: previous`` the save before (a chain,
 each link holding only what changed since the last save), with ``against:
 full`` the chain's full checkpoint. The base's tables are kept in host memory
-(one copy, refreshed on the writer's thread as each base commits), so a delta
+(one copy, refreshed on the writer's thread as each base commits: after a delta only
+the rows it found changed), so a delta
 compares against exactly the bytes its base holds without reading them back.
 The next full checkpoint consolidates the chain: written like any save (on the
 writer's thread when saves are asynchronous), it starts a new chain, and
@@ -80,6 +81,37 @@ def _tables(
     return out
 
 
+def _refresh(plan: Plan, tensors: Tensors) -> bool:
+    """Make the held tables of ``plan``'s base those of ``tensors`` (the delta just
+    committed), in place: only the rows it found changed, whole the tables it wrote whole.
+    ``False`` (nothing changed): the tables are not the same set, shapes and dtypes (copy
+    them whole instead)."""
+    assert plan.base is not None
+    held, min_bytes = plan.base, plan.tracker.min_bytes
+    now = {
+        (n, k): t
+        for n, ts in tensors.items()
+        for k, t in ts.items()
+        if delta.is_table(t, min_bytes)
+    }
+    bufs = {(n, k): b for n, ts in held.tables.items() for k, b in ts.items()}
+    if (
+        not held.owned
+        or now.keys() != bufs.keys()
+        or any(bufs[nk].shape != t.shape or bufs[nk].dtype != t.dtype for nk, t in now.items())
+    ):
+        return False
+    # no save is in flight but this one: the held copies are free to change
+    for nk, t in now.items():
+        rows = plan.changed.get(nk)
+        if rows is None:
+            bufs[nk].copy_(t.detach())
+        elif len(rows):
+            values = t.detach().index_select(0, rows.to(t.device))
+            bufs[nk].index_copy_(0, rows.to(bufs[nk].device), values.to(bufs[nk].device))
+    return True
+
+
 @dataclass(frozen=True)
 class Plan:
     """How one save is written: a full base (``base`` None) or a delta of ``base``."""
@@ -88,6 +120,8 @@ class Plan:
     base: Held | None
     sequence: int
     """0 for a base; the delta's place after its base (1, 2, ...)."""
+    changed: dict[tuple[str, str], torch.Tensor] = field(default_factory=dict, repr=False)
+    """(component, key) -> the rows :meth:`encode` found changed in that table (a delta's)."""
 
     def encode(self, tensors: Tensors) -> tuple[Tensors, dict[str, Any]]:
         """The tensors to write and the ``state.json`` record (``{}`` for a base).
@@ -105,11 +139,14 @@ class Plan:
             )
             if patched:
                 tables[name] = patched
+            for key in patched:
+                self.changed[name, key] = out[name][delta.ROWS + key]
         record = {"base": self.base.ref.record(), "sequence": self.sequence, "tables": tables}
         return out, record
 
     def committed(self, final: Path, mf: Manifest, tensors: Tensors) -> None:
-        """After the commit of ``final``: a base becomes the held one (its tables copied)."""
+        """After the commit of ``final``: the tables the next delta compares with become
+        this save's (copied; after a delta of the save before, only its changed rows)."""
         self.tracker.committed(self, final, mf, tensors)
 
 
@@ -135,10 +172,14 @@ class Differential:
         """Record a committed save (see :meth:`Plan.committed`). A base whose tables cannot
         be copied (no memory) is not held: the save stays committed, and the next save is
         a full base again."""
-        if plan.base is None or self.cfg.against == "previous":
+        previous = self.cfg.against == "previous"
+        if plan.base is None or previous:
             # no save is in flight but this one: the old copies are free
             try:
-                tables = _tables(tensors, self.min_bytes, reuse=self.held)
+                if plan.base is not None and _refresh(plan, tensors):
+                    tables = plan.base.tables  # the changed rows copied in place
+                else:
+                    tables = _tables(tensors, self.min_bytes, reuse=self.held)
             except (RuntimeError, MemoryError) as err:
                 log.warning(
                     "%s: its tables were not copied (%s); the next save is full", final, err
